@@ -1,0 +1,49 @@
+# The two commands of the README: `make demo` and `make test`.
+# Both create .venv with what they need; nothing is assumed installed.
+
+PYTHON ?= python3
+VENV := .venv
+BIN := $(VENV)/bin
+DEMO_INI := examples/accommodation/development.ini
+
+.PHONY: demo test lint format docs bench-cache clean
+
+$(BIN)/python:
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install --quiet --upgrade pip
+
+# Installed once, again when the metadata changes.
+$(VENV)/.testing: $(BIN)/python setup.cfg pyproject.toml examples/accommodation/pyproject.toml
+	$(BIN)/pip install --quiet -e '.[testing]' -e examples/accommodation
+	touch $@
+
+$(VENV)/.demo: $(BIN)/python setup.cfg pyproject.toml examples/accommodation/pyproject.toml
+	$(BIN)/pip install --quiet -e . -e examples/accommodation
+	touch $@
+
+demo: $(VENV)/.demo
+	$(BIN)/pserve $(DEMO_INI)
+
+lint: $(VENV)/.testing
+	$(BIN)/ruff check .
+	$(BIN)/ruff format --check .
+
+test: lint
+	$(BIN)/pytest --cov --cov-report=term-missing $(PYTEST_ARGS)
+
+format: $(VENV)/.testing
+	$(BIN)/ruff check --fix .
+	$(BIN)/ruff format .
+
+$(VENV)/.docs: $(BIN)/python setup.cfg
+	$(BIN)/pip install --quiet -e '.[docs]'
+	touch $@
+
+docs: $(VENV)/.docs
+	$(BIN)/sphinx-build -W -b html docs docs/_build/html
+
+bench-cache: $(VENV)/.testing
+	$(BIN)/python benchmarks/bench_cache.py
+
+clean:
+	rm -rf $(VENV) .coverage .pytest_cache .ruff_cache docs/_build

@@ -1,0 +1,136 @@
+"""pyramid_dbtune: make database-backed Pyramid applications fast under load.
+
+Include it with ``config.include('pyramid_dbtune')`` (or
+``pyramid.includes = pyramid_dbtune``); see :doc:`quickstart`.
+"""
+
+from pathlib import Path
+
+from pyramid.exceptions import ConfigurationError
+from pyramid.path import AssetResolver
+
+from . import settings as _settings
+from .cache import make_cache
+from .routing import Database, RequestContext, SQLNamespace
+from .rows import Record, Rows
+from .sqlmethod import SQLFileError, SQLMethod, load_sql_file
+
+__all__ = [
+    'DBTune',
+    'Record',
+    'Rows',
+    'SQLFileError',
+    'SQLMethod',
+    'includeme',
+]
+
+
+class DBTune:
+    """``registry.dbtune``: the application's settings, database and cache.
+
+    ``settings`` is the parsed :class:`~pyramid_dbtune.settings.Settings`;
+    ``database`` runs the statements (``None`` until a URL is set);
+    ``cache`` holds the results; ``methods`` maps each SQL method's name to
+    ``(method, cache_time, cache_key)`` once registered.
+    """
+
+    def __init__(self, settings):
+        self.settings = settings
+        self.database = Database(settings.url) if settings.url else None
+        self.cache = make_cache(settings)
+        self.methods = {}
+
+    def cache_time(self, method):
+        """The seconds ``method``'s rows are kept, settings applied."""
+        if method.name in self.settings.cache_times:
+            return self.settings.cache_times[method.name]
+        if method.cache_time is None:
+            return self.settings.cache_default_time
+        return method.cache_time
+
+    def register(self, method):
+        if self.database is None:
+            raise ConfigurationError(
+                f'SQL method {method.name!r} needs a database: set '
+                'dbtune.url (or sqlalchemy.url)'
+            )
+        key = '\0'.join(
+            [method.name, str(method.max_rows), self.database.key, method.sql]
+        )
+        self.methods[method.name] = (method, self.cache_time(method), key)
+
+
+def add_sql_method(config, name, sql=None, **kw):
+    """Register a SQL method: ``config.add_sql_method(name, sql, **kw)``.
+
+    The keywords are those of :class:`SQLMethod`; ``name`` may also be a
+    ready :class:`SQLMethod` (then give nothing else). Two methods of one
+    name conflict, as two views of one name do.
+    """
+    if isinstance(name, SQLMethod) and sql is None and not kw:
+        method = name
+    else:
+        method = SQLMethod(name, sql, **kw)
+    runtime = config.registry.dbtune
+    intr = config.introspectable(
+        'dbtune sql methods', method.name, method.name, 'dbtune sql method'
+    )
+    intr['method'] = method
+    intr['sql'] = method.sql
+    config.action(
+        ('dbtune-sql-method', method.name),
+        runtime.register,
+        args=(method,),
+        introspectables=(intr,),
+    )
+    return method
+
+
+def add_sql_methods(config, spec):
+    """Register every ``*.sql`` file in a directory, as an asset spec.
+
+    ``config.add_sql_methods('myapp:sql/')``; each file's header is read
+    by :func:`~pyramid_dbtune.sqlmethod.load_sql_file`.
+    """
+    path = Path(AssetResolver(config.package).resolve(spec).abspath())
+    files = sorted(path.glob('*.sql')) if path.is_dir() else []
+    if not files:
+        raise ConfigurationError(
+            f'add_sql_methods({spec!r}): {path} is not a directory that '
+            'holds *.sql files'
+        )
+    methods = []
+    for file in files:
+        try:
+            method = load_sql_file(file)
+        except SQLFileError as exc:
+            raise ConfigurationError(str(exc)) from None
+        methods.append(add_sql_method(config, method))
+    return methods
+
+
+def _check_cache_times(runtime):
+    unknown = sorted(set(runtime.settings.cache_times) - set(runtime.methods))
+    if unknown:
+        known = ', '.join(sorted(runtime.methods)) or 'none'
+        raise ConfigurationError(
+            f'dbtune.cache_time.{unknown[0]} names no SQL method '
+            f'(registered: {known})'
+        )
+
+
+def includeme(config):
+    """Set up pyramid_dbtune: parse the settings, add directives.
+
+    Adds ``config.add_sql_method`` and ``config.add_sql_methods``,
+    ``request.sql`` and ``request.dbtune``, and includes pyramid_tm.
+    """
+    parsed = _settings.parse(config.get_settings())
+    config.include('pyramid_tm')
+    runtime = config.registry.dbtune = DBTune(parsed)
+    config.add_directive('add_sql_method', add_sql_method)
+    config.add_directive('add_sql_methods', add_sql_methods)
+    config.add_request_method(RequestContext, 'dbtune', reify=True)
+    config.add_request_method(SQLNamespace, 'sql', reify=True)
+    # After every other action: overrides may only name registered methods.
+    config.action(None, _check_cache_times, args=(runtime,), order=10)

@@ -1,0 +1,48 @@
+"""Result caches for SQL methods.
+
+A cache backend has two operations:
+
+``get_or_fill(key, ttl, tables, fill, *args)``
+    Return ``(value, status)``: the cached value for ``key`` if it is fresh,
+    else ``fill(*args)``, stored for ``ttl`` seconds. ``status`` is one of
+    :data:`HIT`, :data:`MISS` (this caller ran ``fill``), :data:`STALE` (an
+    expired value, served while another caller refreshes it) or
+    :data:`WAITED` (another caller's ``fill``, awaited: single flight).
+    ``tables`` names the tables the value was read from.
+
+``invalidate(tables)``
+    Forget every value read from any of ``tables`` (``None``: all), and
+    make sure that a ``fill`` that started before the call stores nothing.
+"""
+
+from .memory import HIT, MISS, STALE, WAITED, MemoryCache
+
+__all__ = [
+    'HIT',
+    'MISS',
+    'STALE',
+    'WAITED',
+    'MemoryCache',
+    'NullCache',
+    'make_cache',
+]
+
+
+class NullCache:
+    """The ``none`` backend: every call runs the query."""
+
+    def get_or_fill(self, key, ttl, tables, fill, *args):
+        return fill(*args), MISS
+
+    def invalidate(self, tables):
+        pass
+
+
+def make_cache(settings):
+    """The cache backend that ``settings`` (parsed) asks for."""
+    if settings.cache_backend == 'none':
+        return NullCache()
+    return MemoryCache(
+        max_entries=settings.cache_max_entries,
+        max_bytes=settings.cache_max_bytes,
+    )

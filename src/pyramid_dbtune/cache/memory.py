@@ -1,0 +1,156 @@
+"""The in-process cache: LRU, bounded by entries and bytes, single flight.
+
+Written by hand rather than with ``functools.lru_cache`` or dogpile.cache:
+neither bounds by bytes, invalidates by table, or lets waiters share one
+fill while others are served the expired value; and dogpile's hit path
+costs more than twice this one (``benchmarks/bench_cache.py``).
+"""
+
+import sys
+import threading
+from collections import OrderedDict
+from concurrent.futures import Future
+from time import monotonic
+
+HIT = 'hit'
+MISS = 'miss'
+STALE = 'stale'
+WAITED = 'waited'
+
+# What one cached entry costs besides its values: the record objects, the
+# tuples and this module's bookkeeping. An estimate; it need not be exact.
+_ROW_OVERHEAD = 120
+_ENTRY_OVERHEAD = 400
+
+
+def estimate_size(key, value):
+    """Roughly how many bytes ``value`` (a :class:`Rows`) holds in memory."""
+    size = _ENTRY_OVERHEAD + sys.getsizeof(key[0]) + sys.getsizeof(key)
+    getsizeof = sys.getsizeof
+    for record in value:
+        size += _ROW_OVERHEAD
+        for item in record:
+            size += getsizeof(item)
+    return size
+
+
+class _Entry:
+    __slots__ = ('value', 'expires', 'size', 'tables')
+
+    def __init__(self, value, expires, size, tables):
+        self.value = value
+        self.expires = expires
+        self.size = size
+        self.tables = tables
+
+
+class MemoryCache:
+    """A thread-safe, in-process cache of query results.
+
+    Least recently used entries are evicted beyond ``max_entries`` entries
+    or ``max_bytes`` bytes; a single value larger than ``max_bytes`` is not
+    stored. Counters (``hits``, ``misses``, ``stale``, ``waited``,
+    ``evictions``, ``invalidations``, ``too_big``, ``discarded``) are plain
+    integers, read without a lock.
+    """
+
+    def __init__(self, max_entries=10000, max_bytes=64 * 1024 * 1024):
+        self.max_entries = max_entries
+        self.max_bytes = max_bytes
+        self.bytes = 0
+        self.hits = self.misses = self.stale = self.waited = 0
+        self.evictions = self.invalidations = 0
+        self.too_big = self.discarded = 0
+        self._lock = threading.Lock()
+        self._data = OrderedDict()
+        self._inflight = {}
+        self._by_table = {}
+        # Generations: a fill stores its value only if no table it read
+        # was invalidated while it ran (it may have read the old rows).
+        self._epoch = 0
+        self._generations = {}
+
+    def __len__(self):
+        return len(self._data)
+
+    def get_or_fill(self, key, ttl, tables, fill, *args):
+        now = monotonic()
+        with self._lock:
+            entry = self._data.get(key)
+            if entry is not None and now < entry.expires:
+                self._data.move_to_end(key)
+                self.hits += 1
+                return entry.value, HIT
+            future = self._inflight.get(key)
+            if future is None:
+                future = self._inflight[key] = Future()
+                before = self._snapshot(tables)
+                self.misses += 1
+            elif entry is not None:
+                self.stale += 1
+                return entry.value, STALE
+            else:
+                self.waited += 1
+                before = None
+        if before is None:
+            return future.result(), WAITED
+        try:
+            value = fill(*args)
+        except BaseException as exc:
+            with self._lock:
+                del self._inflight[key]
+            future.set_exception(exc)
+            raise
+        size = estimate_size(key, value)
+        with self._lock:
+            del self._inflight[key]
+            if self._snapshot(tables) != before:
+                self.discarded += 1
+            elif size > self.max_bytes:
+                self.too_big += 1
+            else:
+                self._store(key, _Entry(value, now + ttl, size, tables))
+        future.set_result(value)
+        return value, MISS
+
+    def invalidate(self, tables):
+        with self._lock:
+            if tables is None:
+                self._epoch += 1
+                self.invalidations += len(self._data)
+                self._data.clear()
+                self._by_table.clear()
+                self.bytes = 0
+                return
+            for table in tables:
+                self._generations[table] = self._generations.get(table, 0) + 1
+                for key in self._by_table.pop(table, ()):
+                    self._remove(key)
+                    self.invalidations += 1
+
+    def _snapshot(self, tables):
+        generations = self._generations
+        return self._epoch, [generations.get(t, 0) for t in tables]
+
+    def _store(self, key, entry):
+        if key in self._data:
+            self._remove(key)
+        self._data[key] = entry
+        self.bytes += entry.size
+        for table in entry.tables:
+            self._by_table.setdefault(table, set()).add(key)
+        while len(self._data) > self.max_entries or (
+            self.bytes > self.max_bytes
+        ):
+            self._remove(next(iter(self._data)))
+            self.evictions += 1
+
+    def _remove(self, key):
+        entry = self._data.pop(key)
+        self.bytes -= entry.size
+        for table in entry.tables:
+            keys = self._by_table.get(table)
+            if keys is not None:
+                keys.discard(key)
+                if not keys:
+                    del self._by_table[table]

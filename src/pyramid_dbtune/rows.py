@@ -1,0 +1,168 @@
+"""Query results: :class:`Rows`, an immutable sequence of :class:`Record`.
+
+Results are shared between requests through the cache, so they are
+immutable; they pickle as plain tuples, never as driver or SQLAlchemy
+objects.
+"""
+
+from collections.abc import Sequence
+
+
+class Record:
+    """One row: ``record.rent``, ``record['rent']`` and ``record[3]``.
+
+    A record compares equal to another record with the same columns and
+    values, and to a tuple of its values. Where a statement returns two
+    columns of one name, the name gives the first of them.
+    """
+
+    __slots__ = ('_values', '_index')
+
+    def __init__(self, values, index):
+        object.__setattr__(self, '_values', tuple(values))
+        object.__setattr__(self, '_index', index)
+
+    def __getattr__(self, name):
+        # Only called when normal lookup fails; the guard stops recursion
+        # on a half-built record (copy, pickle).
+        if name in Record.__slots__:
+            raise AttributeError(name)
+        try:
+            return self._values[self._index[name]]
+        except KeyError:
+            raise AttributeError(
+                f'record has no column {name!r}; columns: '
+                + ', '.join(self._index)
+            ) from None
+
+    def __getitem__(self, key):
+        if isinstance(key, str):
+            try:
+                return self._values[self._index[key]]
+            except KeyError:
+                raise KeyError(key) from None
+        return self._values[key]
+
+    def __setattr__(self, name, value):
+        raise AttributeError('records are immutable')
+
+    def __delattr__(self, name):
+        raise AttributeError('records are immutable')
+
+    def __len__(self):
+        return len(self._values)
+
+    def __iter__(self):
+        return iter(self._values)
+
+    def __eq__(self, other):
+        if isinstance(other, Record):
+            return (
+                self._values == other._values
+                and self._index.keys() == other._index.keys()
+            )
+        if isinstance(other, tuple):
+            return self._values == other
+        return NotImplemented
+
+    def __hash__(self):
+        return hash(self._values)
+
+    def __reduce__(self):
+        return (Record, (self._values, self._index))
+
+    def __repr__(self):
+        fields = ' '.join(f'{k}={self[k]!r}' for k in self._index)
+        return f'<Record {fields}>'
+
+    def _asdict(self):
+        """The record as a dict of column name to value."""
+        return {name: self._values[i] for name, i in self._index.items()}
+
+    @property
+    def _fields(self):
+        """The column names."""
+        return tuple(self._index)
+
+
+def _index(columns):
+    index = {}
+    for position, name in enumerate(columns):
+        index.setdefault(name, position)
+    return index
+
+
+class Rows(Sequence):
+    """The rows a SQL method returned: an immutable sequence of records.
+
+    ``columns`` names the columns; ``truncated`` is true when the statement
+    had more rows than the method's ``max_rows`` and only the first
+    ``max_rows`` were kept (as ZSQL Methods did); ``rowcount`` is what the
+    database reported for a write (``-1`` when it reported nothing).
+    """
+
+    __slots__ = ('columns', 'truncated', 'rowcount', '_records')
+
+    def __init__(self, columns=(), data=(), *, truncated=False, rowcount=-1):
+        columns = tuple(columns)
+        index = _index(columns)
+        records = tuple(Record(row, index) for row in data)
+        for name, value in (
+            ('columns', columns),
+            ('truncated', bool(truncated)),
+            ('rowcount', rowcount),
+            ('_records', records),
+        ):
+            object.__setattr__(self, name, value)
+
+    def __setattr__(self, name, value):
+        raise AttributeError('Rows are immutable')
+
+    def __delattr__(self, name):
+        raise AttributeError('Rows are immutable')
+
+    def __getitem__(self, index):
+        if isinstance(index, slice):
+            return Rows(
+                self.columns, (r._values for r in self._records[index])
+            )
+        return self._records[index]
+
+    def __len__(self):
+        return len(self._records)
+
+    def __iter__(self):
+        return iter(self._records)
+
+    def __eq__(self, other):
+        if not isinstance(other, Rows):
+            return NotImplemented
+        return (
+            self.columns == other.columns
+            and self.tuples() == other.tuples()
+            and self.truncated == other.truncated
+        )
+
+    __hash__ = None
+
+    def __reduce__(self):
+        return (
+            _rebuild,
+            (self.columns, self.tuples(), self.truncated, self.rowcount),
+        )
+
+    def __repr__(self):
+        more = ', truncated' if self.truncated else ''
+        return f'<Rows {len(self)} x ({", ".join(self.columns)}){more}>'
+
+    def tuples(self):
+        """The rows as a tuple of plain value tuples."""
+        return tuple(r._values for r in self._records)
+
+    def dictionaries(self):
+        """The rows as a list of dicts (the ZSQL ``Results`` name)."""
+        return [r._asdict() for r in self._records]
+
+
+def _rebuild(columns, data, truncated, rowcount):
+    return Rows(columns, data, truncated=truncated, rowcount=rowcount)

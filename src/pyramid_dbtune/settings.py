@@ -1,0 +1,169 @@
+"""The ``dbtune.*`` settings: one table, parsed once, frozen.
+
+Every setting is read from the deployment settings by :func:`parse`, which
+returns a :class:`Settings` object and raises
+:class:`pyramid.exceptions.ConfigurationError` for a bad value, naming the
+setting, the value and what would be accepted.
+"""
+
+import difflib
+import math
+import re
+from dataclasses import dataclass, field
+from types import MappingProxyType
+
+from pyramid.exceptions import ConfigurationError
+from sqlalchemy.engine import make_url
+from sqlalchemy.exc import ArgumentError
+
+PREFIX = 'dbtune.'
+
+
+class Invalid(ValueError):
+    """A converter's complaint; its text says what would be accepted."""
+
+
+def as_url(value):
+    try:
+        make_url(str(value).strip())
+    except ArgumentError:
+        raise Invalid(
+            'a database URL such as postgresql+psycopg://user@host/db '
+            'or sqlite:///path/to/file.sqlite'
+        ) from None
+    return str(value).strip()
+
+
+def one_of(*choices):
+    def convert(value):
+        text = str(value).strip().lower()
+        if text not in choices:
+            raise Invalid('one of ' + ', '.join(choices))
+        return text
+
+    return convert
+
+
+def positive_int(value):
+    try:
+        number = int(str(value).strip())
+    except ValueError:
+        number = 0
+    if isinstance(value, bool) or number < 1:
+        raise Invalid('a whole number above 0')
+    return number
+
+
+def as_seconds(value):
+    """A non-negative, finite number of seconds (``20``, ``1.5``)."""
+    try:
+        number = float(str(value).strip())
+    except ValueError:
+        number = -1.0
+    if isinstance(value, bool) or not math.isfinite(number) or number < 0:
+        raise Invalid('a number of seconds, 0 or more (such as 20 or 1.5)')
+    return int(number) if number.is_integer() else number
+
+
+_SIZE = re.compile(r'^\s*(\d+)\s*([kmg]i?b?|b)?\s*$', re.IGNORECASE)
+_UNITS = {'k': 1000, 'm': 1000**2, 'g': 1000**3}
+
+
+def as_bytes(value):
+    """A size in bytes: ``67108864``, ``64MiB``, ``500KB``, ``1GB``."""
+    match = None if isinstance(value, bool) else _SIZE.match(str(value))
+    if match is None or int(match.group(1)) < 1:
+        raise Invalid('a size above 0 such as 67108864, 64MiB or 500KB')
+    number, unit = int(match.group(1)), (match.group(2) or 'b').lower()
+    if unit != 'b':
+        base = 1024 if 'i' in unit else 1000
+        number *= base ** (list(_UNITS).index(unit[0]) + 1)
+    return number
+
+
+@dataclass(frozen=True)
+class Setting:
+    name: str
+    convert: object
+    default: object
+
+
+#: Every ``dbtune.`` setting: (name, converter, default).
+TABLE = (
+    Setting('url', as_url, None),
+    Setting('cache.backend', one_of('memory', 'none'), 'memory'),
+    Setting('cache.max_entries', positive_int, 10000),
+    Setting('cache.max_bytes', as_bytes, 64 * 1024 * 1024),
+    Setting('cache.default_time', as_seconds, 0),
+)
+
+#: Settings that take a suffix: ``dbtune.cache_time.<method name>``.
+CACHE_TIME_PREFIX = 'cache_time.'
+
+
+@dataclass(frozen=True)
+class Settings:
+    """The parsed ``dbtune.*`` settings (see :doc:`settings`)."""
+
+    url: str | None = None
+    cache_backend: str = 'memory'
+    cache_max_entries: int = 10000
+    cache_max_bytes: int = 64 * 1024 * 1024
+    cache_default_time: float = 0
+    #: ``dbtune.cache_time.<name>`` overrides, by SQL method name.
+    cache_times: MappingProxyType = field(
+        default_factory=lambda: MappingProxyType({})
+    )
+
+
+def _fail(name, value, accepted):
+    return ConfigurationError(
+        f'{name} = {value!r} is not valid: expected {accepted}'
+    )
+
+
+def parse(settings):
+    """Parse the ``dbtune.*`` keys of ``settings`` into :class:`Settings`.
+
+    ``dbtune.url`` falls back to ``sqlalchemy.url``. An unknown ``dbtune.``
+    key is an error too, so that a misspelt setting cannot silently leave a
+    feature at its default.
+    """
+    values = {}
+    known = {PREFIX + s.name: s for s in TABLE}
+    for key, setting in known.items():
+        value = settings.get(key)
+        if key == PREFIX + 'url' and value in (None, ''):
+            key, value = 'sqlalchemy.url', settings.get('sqlalchemy.url')
+        if value in (None, ''):
+            values[setting.name] = setting.default
+            continue
+        try:
+            values[setting.name] = setting.convert(value)
+        except Invalid as exc:
+            raise _fail(key, value, exc) from None
+
+    cache_times = {}
+    for key, value in settings.items():
+        if not key.startswith(PREFIX) or key in known:
+            continue
+        name = key[len(PREFIX) :]
+        if name.startswith(CACHE_TIME_PREFIX):
+            method = name[len(CACHE_TIME_PREFIX) :]
+            try:
+                cache_times[method] = as_seconds(value)
+            except Invalid as exc:
+                raise _fail(key, value, exc) from None
+            continue
+        accepted = sorted(known) + [PREFIX + CACHE_TIME_PREFIX + '<method>']
+        close = difflib.get_close_matches(key, accepted, n=1)
+        hint = f' (did you mean {close[0]}?)' if close else ''
+        raise ConfigurationError(
+            f'{key} is not a pyramid_dbtune setting{hint}; '
+            f'the settings are: {", ".join(accepted)}'
+        )
+
+    return Settings(
+        **{name.replace('.', '_'): value for name, value in values.items()},
+        cache_times=MappingProxyType(cache_times),
+    )

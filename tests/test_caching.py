@@ -1,0 +1,318 @@
+"""Timed row caching through the whole stack: WebTest, pyramid_tm, a real
+database (SQLite and PostgreSQL)."""
+
+import threading
+
+import pytest
+import sqlalchemy as sa
+from pyramid.config import Configurator
+from pyramid.scripting import prepare
+
+import pyramid_dbtune.cache.memory
+
+from conftest import add_sleep_function, call, query_log
+
+SEARCH = {
+    'name': 'search',
+    'sql': 'SELECT id, rent FROM property WHERE area = :area ORDER BY id',
+    'cache_time': 20,
+}
+AREAS = {
+    'name': 'areas',
+    'sql': 'SELECT name FROM area ORDER BY name',
+    'cache_time': 20,
+}
+SET_RENT = {
+    'name': 'set_rent',
+    'sql': 'UPDATE property SET rent = :rent WHERE id = :id',
+}
+HEADINGLEY = [[1, 90], [2, 120]]
+
+
+class Clock:
+    """Stands in for time.monotonic in the cache: tests move it by hand."""
+
+    def __init__(self):
+        self.now = 1000.0
+
+    def __call__(self):
+        return self.now
+
+
+@pytest.fixture
+def clock(monkeypatch):
+    clock = Clock()
+    monkeypatch.setattr(pyramid_dbtune.cache.memory, 'monotonic', clock)
+    return clock
+
+
+def rows_of(answer, index=0):
+    return answer['results'][index]['rows']
+
+
+def test_cached_read_hits_database_once_within_timeout(db_url, apps, clock):
+    app = apps(db_url, [SEARCH])
+    log = query_log(app)
+    for _ in range(3):
+        answer = call(app, ('search', {'area': 'Headingley'}))
+        assert rows_of(answer) == HEADINGLEY
+    assert log.count('FROM property') == 1
+
+    clock.now += 19.9
+    call(app, ('search', {'area': 'Headingley'}))
+    assert log.count('FROM property') == 1
+
+    clock.now += 0.2
+    answer = call(app, ('search', {'area': 'Headingley'}))
+    assert answer['cache'] == {**answer['cache'], 'miss': 1, 'hit': 0}
+    assert log.count('FROM property') == 2
+
+
+def test_each_argument_value_is_cached_apart(db_url, apps, clock):
+    app = apps(db_url, [SEARCH])
+    log = query_log(app)
+    call(app, ('search', {'area': 'Headingley'}))
+    answer = call(app, ('search', {'area': 'Burley'}))
+    assert rows_of(answer) == [[4, 70]]
+    call(app, ('search', {'area': 'Burley'}))
+    assert log.count('FROM property') == 2
+
+
+def test_cache_time_setting_overrides_the_code(sqlite_url, apps, clock):
+    app = apps(sqlite_url, [SEARCH], {'dbtune.cache_time.search': '2'})
+    log = query_log(app)
+    call(app, ('search', {'area': 'Headingley'}))
+    clock.now += 1.9
+    call(app, ('search', {'area': 'Headingley'}))
+    assert log.count('FROM property') == 1
+    clock.now += 0.2
+    call(app, ('search', {'area': 'Headingley'}))
+    assert log.count('FROM property') == 2
+
+
+def test_cache_time_setting_zero_turns_caching_off(sqlite_url, apps):
+    app = apps(sqlite_url, [SEARCH], {'dbtune.cache_time.search': '0'})
+    log = query_log(app)
+    call(app, ('search', {'area': 'Headingley'}))
+    answer = call(app, ('search', {'area': 'Headingley'}))
+    assert answer['cache']['uncached'] == 1
+    assert log.count('FROM property') == 2
+
+
+def test_default_time_applies_to_methods_that_name_none(sqlite_url, apps):
+    method = {'name': 'plain', 'sql': 'SELECT rent FROM property'}
+    app = apps(sqlite_url, [method], {'dbtune.cache.default_time': '5'})
+    log = query_log(app)
+    call(app, ('plain', {}))
+    call(app, ('plain', {}))
+    assert log.count('FROM property') == 1
+
+
+def test_method_without_cache_time_is_not_cached(sqlite_url, apps):
+    method = {'name': 'plain', 'sql': 'SELECT rent FROM property'}
+    app = apps(sqlite_url, [method])
+    log = query_log(app)
+    call(app, ('plain', {}))
+    call(app, ('plain', {}))
+    assert log.count('FROM property') == 2
+
+
+@pytest.mark.parametrize('threads', [16])
+def test_threads_missing_one_key_run_one_query(db_url, apps, threads):
+    sleep = 'pg_sleep' if db_url.startswith('postgresql') else 'sleep'
+    slow = {
+        'name': 'slow',
+        'sql': f'SELECT id, {sleep}(0.3) AS z FROM property WHERE id = :id',
+        'cache_time': 60,
+        'tables': 'property',
+    }
+    app = apps(db_url, [slow])
+    if sleep == 'sleep':
+        add_sleep_function(app.app.registry.dbtune.database.engine)
+    log = query_log(app)
+    barrier = threading.Barrier(threads)
+    answers, errors = [], []
+
+    def request():
+        barrier.wait()
+        try:
+            answers.append(call(app, ('slow', {'id': 3})))
+        except Exception as exc:  # pragma: no cover (reported below)
+            errors.append(exc)
+
+    workers = [threading.Thread(target=request) for _ in range(threads)]
+    for worker in workers:
+        worker.start()
+    for worker in workers:
+        worker.join()
+
+    assert errors == []
+    assert log.count('FROM property') == 1
+    assert len(answers) == threads
+    assert all(rows_of(a)[0][0] == 3 for a in answers)
+    outcomes = [k for a in answers for k, v in a['cache'].items() if v]
+    assert outcomes.count('miss') == 1
+
+
+def test_write_then_commit_invalidates_the_tables_written(db_url, apps):
+    app = apps(db_url, [SEARCH, AREAS, SET_RENT])
+    log = query_log(app)
+    call(app, ('search', {'area': 'Headingley'}), ('areas', {}))
+
+    answer = call(app, ('set_rent', {'id': 1, 'rent': 95}))
+    assert answer['results'][0]['rowcount'] == 1
+
+    answer = call(app, ('search', {'area': 'Headingley'}), ('areas', {}))
+    assert rows_of(answer) == [[1, 95], [2, 120]]
+    assert log.count('FROM property') == 2
+    # The area table was not written: its entry is still served.
+    assert log.count('FROM area') == 1
+    assert answer['cache']['hit'] == 1
+
+
+def test_write_then_abort_invalidates_nothing_stores_nothing(db_url, apps):
+    app = apps(db_url, [SEARCH, SET_RENT])
+    log = query_log(app)
+    call(app, ('search', {'area': 'Headingley'}))
+
+    answer = call(
+        app,
+        ('set_rent', {'id': 1, 'rent': 95}),
+        ('search', {'area': 'Headingley'}),
+        fail=True,
+    )
+    assert answer == {'error': 'abort, please'}
+
+    answer = call(app, ('search', {'area': 'Headingley'}))
+    assert rows_of(answer) == HEADINGLEY
+    assert answer['cache']['hit'] == 1
+    # The read inside the aborted transaction saw 95 and was not stored:
+    # one query to fill, one inside the aborted transaction, no more.
+    assert log.count('FROM property') == 2
+    cache = app.app.registry.dbtune.cache
+    assert len(cache) == 1 and cache.invalidations == 0
+
+
+def test_read_after_write_sees_it_and_is_not_cached(db_url, apps):
+    app = apps(db_url, [SEARCH, SET_RENT])
+    log = query_log(app)
+    call(app, ('search', {'area': 'Headingley'}))
+
+    answer = call(
+        app,
+        ('search', {'area': 'Headingley'}),
+        ('set_rent', {'id': 2, 'rent': 99}),
+        ('search', {'area': 'Headingley'}),
+        ('set_rent', {'id': 1, 'rent': 89}),
+        ('search', {'area': 'Headingley'}),
+    )
+    assert rows_of(answer, 0) == HEADINGLEY
+    assert rows_of(answer, 2) == [[1, 90], [2, 99]]
+    assert rows_of(answer, 4) == [[1, 89], [2, 99]]
+    assert answer['cache']['hit'] == 1
+    assert answer['cache']['uncached'] == 4
+    assert log.count('FROM property') == 3
+    answer = call(app, ('search', {'area': 'Headingley'}))
+    assert rows_of(answer) == [[1, 89], [2, 99]]
+
+
+def test_commit_that_fails_invalidates_nothing(postgresql_url, apps):
+    book = {'name': 'book', 'sql': 'INSERT INTO booking VALUES (:id)'}
+    app = apps(postgresql_url, [SEARCH, SET_RENT, book])
+    with app.app.registry.dbtune.database.engine.begin() as connection:
+        connection.exec_driver_sql(
+            'CREATE TABLE booking (property_id INTEGER REFERENCES '
+            'property (id) DEFERRABLE INITIALLY DEFERRED)'
+        )
+    call(app, ('search', {'area': 'Headingley'}))
+    # The foreign key is checked at COMMIT, after both writes succeeded.
+    with pytest.raises(sa.exc.IntegrityError):
+        call(app, ('set_rent', {'id': 1, 'rent': 95}), ('book', {'id': 999}))
+    answer = call(app, ('search', {'area': 'Headingley'}))
+    assert rows_of(answer) == HEADINGLEY and answer['cache']['hit'] == 1
+    assert app.app.registry.dbtune.cache.invalidations == 0
+
+
+def test_write_of_unknown_tables_invalidates_everything(sqlite_url, apps):
+    ddl = {'name': 'touch', 'sql': 'CREATE TABLE other (x INTEGER)'}
+    app = apps(sqlite_url, [SEARCH, AREAS, ddl])
+    log = query_log(app)
+    call(app, ('search', {'area': 'Headingley'}), ('areas', {}))
+    call(app, ('touch', {}))
+    call(app, ('search', {'area': 'Headingley'}), ('areas', {}))
+    assert log.count('FROM property') == 2
+    assert log.count('FROM area') == 2
+
+
+def test_a_second_transaction_in_one_request_starts_clean(
+    sqlite_url, apps, clock
+):
+    app = apps(sqlite_url, [SEARCH, SET_RENT])
+    dirty_after_commit = []
+
+    def view(request):
+        request.sql.set_rent(id=1, rent=91)
+        request.tm.commit()
+        request.tm.begin()
+        dirty_after_commit.append(request.dbtune.unit.dirty)
+        request.sql.search(area='Headingley')
+        return request.dbtune.cache
+
+    config = Configurator(registry=app.app.registry)
+    config.add_route('two', '/two')
+    config.add_view(view, route_name='two', renderer='json')
+    config.commit()
+    log = query_log(app)
+    assert app.get('/two').json['miss'] == 1
+    assert dirty_after_commit == [False]
+    answer = call(app, ('search', {'area': 'Headingley'}))
+    assert rows_of(answer) == [[1, 91], [2, 120]]
+    assert log.count('FROM property') == 1
+
+
+def test_list_arguments_expand_and_are_cached(db_url, apps):
+    method = {
+        'name': 'some',
+        'sql': 'SELECT id FROM property WHERE id IN :ids ORDER BY id',
+        'cache_time': 10,
+    }
+    app = apps(db_url, [method])
+    log = query_log(app)
+    assert rows_of(call(app, ('some', {'ids': [3, 1]}))) == [[1], [3]]
+    assert rows_of(call(app, ('some', {'ids': [3, 1]}))) == [[1], [3]]
+    assert rows_of(call(app, ('some', {'ids': [4]}))) == [[4]]
+    assert log.count('FROM property') == 2
+    request = prepare(registry=app.app.registry)['request']
+    assert request.sql.some(ids={1, 3}).tuples() == ((1,), (3,))
+    assert request.sql.some(ids=frozenset([3, 1])).tuples() == ((1,), (3,))
+    assert request.dbtune.cache == {
+        **request.dbtune.cache,
+        'miss': 1,
+        'hit': 1,
+    }
+
+
+def test_max_rows_truncates_like_zsql(db_url, apps):
+    two = {
+        'name': 'two',
+        'sql': 'SELECT id FROM property ORDER BY id',
+        'max_rows': 2,
+    }
+    every = {'name': 'every', 'sql': 'SELECT id FROM property', 'max_rows': 0}
+    app = apps(db_url, [two, every])
+    answer = call(app, ('two', {}), ('every', {}))
+    assert answer['results'][0] == {
+        'rows': [[1], [2]],
+        'rowcount': -1,
+        'truncated': True,
+    }
+    assert len(rows_of(answer, 1)) == 4
+    assert answer['results'][1]['truncated'] is False
+
+
+def test_backend_none_never_caches(sqlite_url, apps):
+    app = apps(sqlite_url, [SEARCH], {'dbtune.cache.backend': 'none'})
+    log = query_log(app)
+    call(app, ('search', {'area': 'Headingley'}))
+    call(app, ('search', {'area': 'Headingley'}))
+    assert log.count('FROM property') == 2

@@ -1,0 +1,85 @@
+"""The accommodation demo, as `make demo` serves it (on a smaller seed)."""
+
+import sqlite3
+
+import pytest
+from webtest import TestApp
+
+from accommodation import main
+from accommodation.seed import properties
+
+
+@pytest.fixture
+def demo(tmp_path):
+    app = main(
+        {},
+        **{
+            'accommodation.database': str(tmp_path / 'demo.sqlite'),
+            'accommodation.properties': '3000',
+            'accommodation.admin_token': 'secret',
+        },
+    )
+    yield TestApp(app)
+    app.registry.dbtune.database.dispose()
+
+
+def test_first_start_seeds_the_database(demo, tmp_path):
+    connection = sqlite3.connect(tmp_path / 'demo.sqlite')
+    (count,) = connection.execute('SELECT count(*) FROM property').fetchone()
+    connection.close()
+    assert count == 3000
+
+
+def test_seed_is_the_same_every_time():
+    assert list(properties(50)) == list(properties(50))
+
+
+def test_search_returns_rows_and_the_second_is_cached(demo):
+    first = demo.get('/api/search', {'area': 'Hyde Park', 'max_rent': 140})
+    assert first.json['cache'] == 'miss' and first.headers['X-Cache'] == 'miss'
+    rows = first.json['rows']
+    assert 0 < len(rows) <= 50 and first.json['matches'] >= len(rows)
+    assert all(r['area'] == 'Hyde Park' and r['rent'] <= 140 for r in rows)
+    assert [r['rent'] for r in rows] == sorted(r['rent'] for r in rows)
+
+    second = demo.get('/api/search', {'area': 'Hyde Park', 'max_rent': 140})
+    assert second.json == {**first.json, 'cache': 'hit'}
+
+
+def test_search_page(demo):
+    page = demo.get('/', {'area': 'Burley'})
+    assert page.content_type == 'text/html'
+    assert '<option selected>Burley</option>' in page.text
+    assert 'queries' in page.text and page.headers['X-Cache'] == 'miss'
+    again = demo.get('/', {'area': 'Burley'})
+    assert 'Served from the cache.' in again.text
+
+
+def test_bad_search_is_a_400(demo):
+    demo.get('/api/search', {'max_rent': 'cheap'}, status=400)
+    demo.get('/api/search', {'available': 'soon'}, status=400)
+
+
+def test_property_page(demo):
+    assert demo.get('/property/7').json['id'] == 7
+    demo.get('/property/99999', status=404)
+
+
+def test_admin_update_is_seen_at_once(demo):
+    search = {'area': 'Headingley', 'max_rent': 200}
+    first = demo.get('/api/search', search).json['rows'][0]
+    token = {'X-Admin-Token': 'secret'}
+    update = {'rent': 1, 'available': '2026-06-01'}
+    answer = demo.post(f'/admin/property/{first["id"]}', update, headers=token)
+    assert answer.json['rent'] == 1
+    after = demo.get('/api/search', search).json
+    assert after['cache'] == 'miss'
+    assert after['rows'][0] == {**first, **update}
+
+
+def test_admin_update_needs_the_token_and_good_values(demo):
+    update = {'rent': 1, 'available': '2026-06-01'}
+    demo.post('/admin/property/1', update, status=403)
+    token = {'X-Admin-Token': 'secret'}
+    demo.post('/admin/property/1', {'rent': 'x'}, headers=token, status=400)
+    demo.post('/admin/property/99999', update, headers=token, status=404)

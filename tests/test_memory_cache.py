@@ -1,0 +1,216 @@
+"""The in-process cache on its own: bounds, staleness, single flight, and
+invalidation racing a fill. Real threads throughout."""
+
+import threading
+
+import pytest
+
+from pyramid_dbtune import Rows
+from pyramid_dbtune.cache import (
+    HIT,
+    MISS,
+    STALE,
+    WAITED,
+    MemoryCache,
+    NullCache,
+)
+from pyramid_dbtune.cache import memory as memory_module
+
+T = frozenset(['t'])
+
+
+def rows(*values):
+    return Rows(('v',), [(v,) for v in values])
+
+
+def key(name):
+    return ('m\0' + name, ())
+
+
+def fill(value):
+    return value
+
+
+@pytest.fixture
+def clock(monkeypatch):
+    now = [100.0]
+    monkeypatch.setattr(memory_module, 'monotonic', lambda: now[0])
+    return now
+
+
+def test_hit_and_miss():
+    cache = MemoryCache()
+    assert cache.get_or_fill(key('a'), 10, T, fill, rows(1)) == (rows(1), MISS)
+    assert cache.get_or_fill(key('a'), 10, T, fill, rows(2)) == (rows(1), HIT)
+    assert (cache.hits, cache.misses, len(cache)) == (1, 1, 1)
+
+
+def test_lru_bound_on_entries_evicts_least_recently_used():
+    cache = MemoryCache(max_entries=2)
+    for name in 'abc'[:2]:
+        cache.get_or_fill(key(name), 10, T, fill, rows(name))
+    cache.get_or_fill(key('a'), 10, T, fill, None)  # a is now recent
+    cache.get_or_fill(key('c'), 10, T, fill, rows('c'))
+    assert len(cache) == 2 and cache.evictions == 1
+    assert cache.get_or_fill(key('a'), 10, T, fill, None)[1] == HIT
+    assert cache.get_or_fill(key('b'), 10, T, fill, rows('b'))[1] == MISS
+
+
+def test_bound_on_bytes():
+    one = memory_module.estimate_size(key('a'), rows(*range(100)))
+    cache = MemoryCache(max_bytes=int(one * 2.5))
+    for name in 'abc':
+        cache.get_or_fill(key(name), 10, T, fill, rows(*range(100)))
+    assert len(cache) == 2 and cache.evictions == 1
+    assert cache.bytes <= cache.max_bytes
+
+
+def test_value_larger_than_the_bound_is_returned_not_stored():
+    cache = MemoryCache(max_bytes=1000)
+    big = rows(*range(1000))
+    assert cache.get_or_fill(key('a'), 10, T, fill, big) == (big, MISS)
+    assert len(cache) == 0 and cache.too_big == 1 and cache.bytes == 0
+
+
+def test_refill_of_an_expired_key_replaces_it(clock):
+    cache = MemoryCache()
+    cache.get_or_fill(key('a'), 10, T, fill, rows(1))
+    clock[0] += 11
+    assert cache.get_or_fill(key('a'), 10, T, fill, rows(2)) == (rows(2), MISS)
+    assert len(cache) == 1
+    assert cache.bytes == memory_module.estimate_size(key('a'), rows(2))
+
+
+class SlowFill:
+    """A fill that blocks until released, and says when it has started."""
+
+    def __init__(self, value=None, error=None):
+        self.value, self.error = value, error
+        self.started = threading.Event()
+        self.release = threading.Event()
+        self.calls = 0
+
+    def __call__(self):
+        self.calls += 1
+        self.started.set()
+        assert self.release.wait(10)
+        if self.error:
+            raise self.error
+        return self.value
+
+
+def in_thread(function, *args):
+    result = {}
+
+    def run():
+        try:
+            result['value'] = function(*args)
+        except Exception as exc:
+            result['error'] = exc
+
+    thread = threading.Thread(target=run)
+    thread.start()
+    return thread, result
+
+
+def test_expired_entry_is_served_stale_while_one_thread_refreshes(clock):
+    cache = MemoryCache()
+    cache.get_or_fill(key('a'), 10, T, fill, rows('old'))
+    clock[0] += 11
+    slow = SlowFill(rows('new'))
+    thread, result = in_thread(cache.get_or_fill, key('a'), 10, T, slow)
+    assert slow.started.wait(10)
+    # Others get the old rows at once rather than queueing behind it.
+    for _ in range(3):
+        assert cache.get_or_fill(key('a'), 10, T, fill, None) == (
+            rows('old'),
+            STALE,
+        )
+    slow.release.set()
+    thread.join()
+    assert result['value'] == (rows('new'), MISS)
+    assert cache.get_or_fill(key('a'), 10, T, fill, None) == (rows('new'), HIT)
+    assert slow.calls == 1 and cache.stale == 3
+
+
+def test_waiters_share_the_fill_and_its_error():
+    cache = MemoryCache()
+    slow = SlowFill(error=RuntimeError('database down'))
+    leader, led = in_thread(cache.get_or_fill, key('a'), 10, T, slow)
+    assert slow.started.wait(10)
+    waiters = [
+        in_thread(cache.get_or_fill, key('a'), 10, T, fill, rows(1))
+        for _ in range(4)
+    ]
+    while cache.waited < 4:
+        threading.Event().wait(0.001)
+    slow.release.set()
+    for thread, _ in [(leader, led), *waiters]:
+        thread.join()
+    assert str(led['error']) == 'database down'
+    assert all(str(r['error']) == 'database down' for _, r in waiters)
+    assert slow.calls == 1 and len(cache) == 0
+    # Nothing is left in flight: the next caller fills again.
+    assert cache.get_or_fill(key('a'), 10, T, fill, rows(1))[1] == MISS
+
+
+def test_waiters_get_the_leaders_rows():
+    cache = MemoryCache()
+    slow = SlowFill(rows(7))
+    leader, led = in_thread(cache.get_or_fill, key('a'), 10, T, slow)
+    assert slow.started.wait(10)
+    waiter, got = in_thread(cache.get_or_fill, key('a'), 10, T, fill, None)
+    while not cache.waited:
+        threading.Event().wait(0.001)
+    slow.release.set()
+    leader.join()
+    waiter.join()
+    assert led['value'] == (rows(7), MISS)
+    assert got['value'] == (rows(7), WAITED)
+
+
+def test_invalidation_during_a_fill_discards_its_rows():
+    cache = MemoryCache()
+    slow = SlowFill(rows('read before the write committed'))
+    thread, result = in_thread(cache.get_or_fill, key('a'), 10, T, slow)
+    assert slow.started.wait(10)
+    cache.invalidate({'t'})
+    slow.release.set()
+    thread.join()
+    assert result['value'][1] == MISS
+    assert len(cache) == 0 and cache.discarded == 1
+
+
+def test_invalidation_of_another_table_keeps_the_fill():
+    cache = MemoryCache()
+    slow = SlowFill(rows(1))
+    thread, _ = in_thread(cache.get_or_fill, key('a'), 10, T, slow)
+    assert slow.started.wait(10)
+    cache.invalidate({'other'})
+    slow.release.set()
+    thread.join()
+    assert len(cache) == 1
+
+
+def test_invalidate_by_table_and_all():
+    cache = MemoryCache()
+    both = frozenset(['t', 'u'])
+    cache.get_or_fill(key('t'), 10, T, fill, rows(1))
+    cache.get_or_fill(key('tu'), 10, both, fill, rows(2))
+    cache.get_or_fill(key('u'), 10, frozenset(['u']), fill, rows(3))
+    cache.get_or_fill(key('none'), 10, frozenset(), fill, rows(4))
+    cache.invalidate({'t'})
+    assert len(cache) == 2 and cache.invalidations == 2
+    assert cache.get_or_fill(key('u'), 10, T, fill, None)[1] == HIT
+    cache.invalidate({'nothing', 'u'})
+    assert len(cache) == 1
+    cache.invalidate(None)
+    assert len(cache) == 0 and cache.bytes == 0
+    assert cache.invalidations == 4
+
+
+def test_null_cache_always_fills():
+    cache = NullCache()
+    assert cache.get_or_fill(key('a'), 10, T, fill, 1) == (1, MISS)
+    assert cache.get_or_fill(key('a'), 10, T, fill, 2) == (2, MISS)
+    cache.invalidate(None)

@@ -1,0 +1,95 @@
+import pickle
+
+import pytest
+
+from pyramid_dbtune import Record, Rows
+
+
+@pytest.fixture
+def rows():
+    return Rows(('id', 'area', 'rent'), [(1, 'Burley', 70), (2, 'Hyde', 80)])
+
+
+def test_record_access_by_attribute_key_and_index(rows):
+    record = rows[0]
+    assert (record.id, record['area'], record[2]) == (1, 'Burley', 70)
+    assert record[-1] == 70 and record[:2] == (1, 'Burley')
+    assert list(record) == [1, 'Burley', 70] and len(record) == 3
+    assert record._asdict() == {'id': 1, 'area': 'Burley', 'rent': 70}
+    assert record._fields == ('id', 'area', 'rent')
+    assert repr(record) == "<Record id=1 area='Burley' rent=70>"
+
+
+def test_missing_columns_say_which_exist(rows):
+    with pytest.raises(AttributeError, match='columns: id, area, rent'):
+        rows[0].price
+    with pytest.raises(KeyError, match='price'):
+        rows[0]['price']
+    with pytest.raises(IndexError):
+        rows[0][3]
+
+
+def test_rows_and_records_are_immutable(rows):
+    with pytest.raises(AttributeError):
+        rows[0].rent = 1
+    with pytest.raises(AttributeError):
+        del rows[0].rent
+    with pytest.raises(AttributeError):
+        rows.columns = ()
+    with pytest.raises(AttributeError):
+        del rows.columns
+    with pytest.raises(TypeError):
+        rows[0] = None
+    with pytest.raises(TypeError):
+        hash(rows)
+
+
+def test_rows_sequence(rows):
+    assert rows.columns == ('id', 'area', 'rent')
+    assert len(rows) == 2 and rows[-1].id == 2
+    assert [r.id for r in rows] == [1, 2]
+    assert rows.tuples() == ((1, 'Burley', 70), (2, 'Hyde', 80))
+    assert rows.dictionaries()[1] == {'id': 2, 'area': 'Hyde', 'rent': 80}
+    assert rows[1:] == Rows(rows.columns, [(2, 'Hyde', 80)])
+    assert repr(rows) == '<Rows 2 x (id, area, rent)>'
+    assert not rows.truncated and rows.rowcount == -1
+
+
+def test_equality(rows):
+    assert rows[0] == (1, 'Burley', 70)
+    assert rows[0] == Record(
+        (1, 'Burley', 70), {'id': 0, 'area': 1, 'rent': 2}
+    )
+    assert rows[0] != Record((1, 'Burley', 70), {'x': 0, 'y': 1, 'z': 2})
+    assert rows[0] != [1, 'Burley', 70]
+    assert hash(rows[0]) == hash((1, 'Burley', 70))
+    assert rows != rows.tuples()
+    assert rows == Rows(['id', 'area', 'rent'], rows.tuples())
+
+
+def test_pickle_round_trip_keeps_everything(rows):
+    truncated = Rows(rows.columns, rows.tuples(), truncated=True)
+    for value in (rows, truncated, Rows(rowcount=3)):
+        copy = pickle.loads(pickle.dumps(value))
+        assert copy == value
+        assert copy.truncated == value.truncated
+        assert copy.rowcount == value.rowcount
+    record = pickle.loads(pickle.dumps(rows[1]))
+    assert record.area == 'Hyde'
+
+
+def test_pickle_holds_no_sqlalchemy_objects(rows):
+    assert b'sqlalchemy' not in pickle.dumps(rows)
+
+
+def test_duplicate_column_names_give_the_first():
+    rows = Rows(('id', 'id'), [(1, 2)])
+    assert rows[0].id == 1 and rows[0][1] == 2
+    assert (
+        repr(Rows(('a',), [], truncated=True)) == '<Rows 0 x (a), truncated>'
+    )
+
+
+def test_half_built_record_raises_rather_than_recursing():
+    with pytest.raises(AttributeError):
+        Record.__new__(Record).anything

@@ -1,0 +1,102 @@
+import pytest
+from pyramid.exceptions import ConfigurationError
+
+from pyramid_dbtune.settings import parse
+
+
+def test_defaults():
+    settings = parse({})
+    assert settings.url is None
+    assert settings.cache_backend == 'memory'
+    assert settings.cache_max_entries == 10000
+    assert settings.cache_max_bytes == 64 * 1024 * 1024
+    assert settings.cache_default_time == 0
+    assert dict(settings.cache_times) == {}
+
+
+def test_values_are_parsed_once_into_their_types():
+    settings = parse(
+        {
+            'dbtune.url': ' sqlite:///x.sqlite ',
+            'dbtune.cache.backend': 'None',
+            'dbtune.cache.max_entries': '50',
+            'dbtune.cache.max_bytes': '2MiB',
+            'dbtune.cache.default_time': '1.5',
+            'dbtune.cache_time.search': '20',
+        }
+    )
+    assert settings.url == 'sqlite:///x.sqlite'
+    assert settings.cache_backend == 'none'
+    assert settings.cache_max_entries == 50
+    assert settings.cache_max_bytes == 2 * 1024 * 1024
+    assert settings.cache_default_time == 1.5
+    assert settings.cache_times['search'] == 20
+    with pytest.raises(TypeError):
+        settings.cache_times['other'] = 1
+    with pytest.raises(AttributeError):
+        settings.url = 'x'
+
+
+@pytest.mark.parametrize(
+    'text, size',
+    [('100', 100), ('1KB', 1000), ('1kib', 1024), ('3 MB', 3_000_000),
+     ('1GiB', 1024**3), (4096, 4096), ('7b', 7)],
+)  # fmt: skip
+def test_sizes(text, size):
+    assert parse({'dbtune.cache.max_bytes': text}).cache_max_bytes == size
+
+
+def test_url_falls_back_to_sqlalchemy_url():
+    settings = parse({'sqlalchemy.url': 'postgresql://u@h/db'})
+    assert settings.url == 'postgresql://u@h/db'
+    settings = parse(
+        {'sqlalchemy.url': 'postgresql://u@h/db', 'dbtune.url': 'sqlite://'}
+    )
+    assert settings.url == 'sqlite://'
+
+
+@pytest.mark.parametrize(
+    'key, value, accepted',
+    [
+        ('dbtune.url', 'not a url', 'a database URL'),
+        ('sqlalchemy.url', '::', 'a database URL'),
+        ('dbtune.cache.backend', 'redis', 'one of memory, none'),
+        ('dbtune.cache.max_entries', '0', 'a whole number above 0'),
+        ('dbtune.cache.max_entries', 'many', 'a whole number above 0'),
+        ('dbtune.cache.max_entries', True, 'a whole number above 0'),
+        ('dbtune.cache.max_bytes', '64 furlongs', 'a size above 0'),
+        ('dbtune.cache.max_bytes', '0', 'a size above 0'),
+        ('dbtune.cache.default_time', '-1', 'a number of seconds'),
+        ('dbtune.cache.default_time', 'inf', 'a number of seconds'),
+        ('dbtune.cache.default_time', 'soon', 'a number of seconds'),
+        ('dbtune.cache_time.search', 'nan', 'a number of seconds'),
+    ],
+)
+def test_bad_values_name_setting_value_and_what_is_accepted(
+    key, value, accepted
+):
+    with pytest.raises(ConfigurationError) as info:
+        parse({key: value})
+    message = str(info.value)
+    assert message.startswith(f'{key} = {value!r} is not valid: expected')
+    assert accepted in message
+
+
+def test_unknown_setting_is_an_error_with_a_suggestion():
+    with pytest.raises(ConfigurationError) as info:
+        parse({'dbtune.cache.max_entires': '5'})
+    message = str(info.value)
+    assert 'dbtune.cache.max_entires is not a pyramid_dbtune setting' in (
+        message
+    )
+    assert 'did you mean dbtune.cache.max_entries?' in message
+    assert 'dbtune.cache_time.<method>' in message
+
+
+def test_unknown_setting_without_a_close_match():
+    with pytest.raises(ConfigurationError, match='the settings are'):
+        parse({'dbtune.zzz': '1'})
+
+
+def test_other_prefixes_are_not_ours():
+    assert parse({'sqlalchemy.pool_size': '5', 'tm.attempts': '3'})

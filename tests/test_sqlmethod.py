@@ -1,0 +1,226 @@
+import datetime
+import decimal
+import uuid
+
+import pytest
+
+from pyramid_dbtune import SQLFileError, SQLMethod
+from pyramid_dbtune.sqlmethod import analyse, load_sql_file
+
+
+@pytest.mark.parametrize(
+    'sql, tables',
+    [
+        ('SELECT * FROM property WHERE id = :id', {'property'}),
+        ('select p.id from Property p join area a on a.n = p.a', {
+            'property', 'area'}),
+        ('SELECT 1 FROM a, b AS bb, "Public"."C" WHERE 1=1', {'a', 'b', 'c'}),
+        ('SELECT * FROM a LEFT JOIN b USING (x) NATURAL JOIN c',
+         {'a', 'b', 'c'}),
+        ('SELECT * FROM a x JOIN b y ON x.i = y.i', {'a', 'b'}),
+        ('SELECT now()', set()),
+        ("SELECT 'from nowhere' AS s FROM t -- from comments\n", {'t'}),
+        ('/* from c */ SELECT x FROM `db`.`t`', {'t'}),
+        ('WITH r AS (SELECT * FROM a) SELECT * FROM r', {'a', 'r'}),
+        ('(SELECT x FROM a) UNION (SELECT x FROM b)', {'a', 'b'}),
+        ('VALUES (1)', set()),
+    ],
+)  # fmt: skip
+def test_reads_and_their_tables(sql, tables):
+    assert analyse(sql) == (False, frozenset(tables))
+
+
+@pytest.mark.parametrize(
+    'sql, tables',
+    [
+        ('INSERT INTO property VALUES (1)', {'property'}),
+        ('insert ignore into t (a) values (1)', {'t'}),
+        ('REPLACE INTO t VALUES (1)', {'t'}),
+        ('UPDATE public.property SET rent = 1', {'property'}),
+        ('update only t set a = 1', {'t'}),
+        ('DELETE FROM t WHERE id IN (SELECT id FROM other)', {'t'}),
+        ('TRUNCATE TABLE t', {'t'}),
+        ('truncate t', {'t'}),
+        ('MERGE INTO t USING s ON t.id = s.id WHEN MATCHED THEN '
+         'UPDATE SET a = 1', {'t'}),
+        ('INSERT INTO t VALUES (1) ON CONFLICT (id) DO UPDATE SET a = 2',
+         {'t'}),
+        ('INSERT INTO t VALUES (1) ON DUPLICATE KEY UPDATE a = 2', {'t'}),
+        ('WITH gone AS (DELETE FROM t RETURNING *) '
+         'INSERT INTO log SELECT * FROM gone', {'t', 'log'}),
+        ('SELECT * FROM t FOR UPDATE', set()),
+        ('SELECT * FROM t FOR NO KEY UPDATE NOWAIT', set()),
+        ('SELECT * FROM t LOCK IN SHARE MODE', set()),
+    ],
+)  # fmt: skip
+def test_writes_and_their_tables(sql, tables):
+    assert analyse(sql) == (True, frozenset(tables))
+
+
+@pytest.mark.parametrize(
+    'sql',
+    ['CREATE TABLE t (a int)', 'DROP TABLE t', 'CALL refresh()',
+     'ALTER TABLE t ADD b int', 'GRANT SELECT ON t TO u', '',
+     'DELETE t FROM t JOIN u'],
+)  # fmt: skip
+def test_writes_whose_tables_cannot_be_told(sql):
+    assert analyse(sql) == (True, None)
+
+
+def test_method_properties():
+    method = SQLMethod(
+        'search',
+        '  SELECT * FROM property WHERE area = :area AND rent < :rent; ',
+        cache_time=20,
+        max_rows=5,
+    )
+    assert method.sql.endswith(':rent')
+    assert method.params == ('area', 'rent')
+    assert method.tables == {'property'}
+    assert not method.writes
+    assert repr(method) == '<SQLMethod search (read)>'
+    write = SQLMethod('up', 'UPDATE t SET a = :a', tables=['X', 'y'])
+    assert write.writes and write.tables == {'x', 'y'}
+    assert repr(write) == '<SQLMethod up (write)>'
+    assert SQLMethod('s', 'select 1', tables='a, b').tables == {'a', 'b'}
+
+
+def test_postgresql_casts_and_escaped_colons_are_not_parameters():
+    method = SQLMethod('m', r"SELECT CAST(:a AS int), b::text, '10\:30'")
+    assert method.params == ('a',)
+
+
+@pytest.mark.parametrize(
+    'kw, message',
+    [
+        ({'name': '1st'}, "SQL method name '1st' must be a Python identifier"),
+        ({'name': '_x'}, 'does not start with "_"'),
+        ({'name': None}, 'must be a Python identifier'),
+        ({'sql': '  '}, "SQL method 'm': sql must be a statement"),
+        ({'sql': 'SELECT 1; DROP TABLE t'}, 'more than one statement'),
+        ({'cache_time': -1}, "SQL method 'm': cache_time must be a number"),
+        ({'cache_time': float('inf')}, 'cache_time must be a number'),
+        ({'cache_time': '20'}, "cache_time must be a number of seconds, 0 "
+                               "or more, not '20'"),
+        ({'cache_time': True}, 'cache_time must be'),
+        ({'max_rows': 1.5}, "SQL method 'm': max_rows must be a whole number"),
+        ({'max_rows': -1}, 'max_rows must be a whole number'),
+    ],
+)  # fmt: skip
+def test_bad_definitions(kw, message):
+    kw = {'name': 'm', 'sql': 'SELECT 1', **kw}
+    with pytest.raises(ValueError) as info:
+        SQLMethod(kw.pop('name'), kw.pop('sql'), **kw)
+    assert message in str(info.value)
+
+
+def test_semicolons_inside_literals_are_fine():
+    assert SQLMethod('m', "SELECT ';' AS s").sql == "SELECT ';' AS s"
+
+
+def test_bad_tables():
+    with pytest.raises(TypeError, match="SQL method 'm': tables must be"):
+        SQLMethod('m', 'SELECT 1', tables=5)
+    with pytest.raises(TypeError, match='tables must be'):
+        SQLMethod('m', 'SELECT 1', tables=[1])
+
+
+METHOD = SQLMethod('search', 'SELECT * FROM t WHERE a = :a AND b IN :b')
+
+
+def test_bind_names_the_missing_and_extra_arguments():
+    with pytest.raises(TypeError) as info:
+        METHOD.bind({'a': 1})
+    assert str(info.value) == (
+        "SQL method search() missing argument 'b'; it takes: a, b"
+    )
+    with pytest.raises(TypeError) as info:
+        METHOD.bind({'a': 1, 'b': [1], 'c': 2, 'd': 3})
+    assert "got an unexpected argument 'c'; it takes: a, b" in str(info.value)
+    with pytest.raises(TypeError, match='it takes: no arguments'):
+        SQLMethod('none', 'SELECT 1').bind({'x': 1})
+
+
+@pytest.mark.parametrize('value', [{'x': 1}, object(), [1, {}]])
+def test_bind_refuses_values_no_driver_binds(value):
+    with pytest.raises(ValueError) as info:
+        METHOD.bind({'a': value, 'b': [1]})
+    assert str(info.value).startswith(
+        "SQL method search(): argument 'a' cannot be bound:"
+    )
+
+
+@pytest.mark.parametrize(
+    'value',
+    [None, True, 1, 1.5, 'x', b'x', decimal.Decimal('1.5'),
+     datetime.date(2026, 1, 1), datetime.datetime(2026, 1, 1, 12),
+     datetime.time(12), datetime.timedelta(1), uuid.uuid4()],
+)  # fmt: skip
+def test_bind_accepts_sql_values(value):
+    statement, params = METHOD.bind({'a': value, 'b': (1, 2)})
+    assert params == {'a': value, 'b': [1, 2]}
+    again, _ = METHOD.bind({'a': value, 'b': {3}})
+    assert again is statement
+
+
+def test_bind_without_lists_keeps_the_statement():
+    method = SQLMethod('m', 'SELECT :a')
+    assert method.bind({'a': 1}) == (method.statement, {'a': 1})
+
+
+def write(tmp_path, name, text):
+    path = tmp_path / name
+    path.write_text(text, encoding='utf-8')
+    return path
+
+
+def test_sql_file_header(tmp_path):
+    path = write(
+        tmp_path,
+        'search.sql',
+        '-- Search by area.\n'
+        '-- Note: this line is prose, not a key.\n'
+        '--\n'
+        '-- name: find\n'
+        '-- cache_time: 20\n'
+        '-- MAX_ROWS: 5\n'
+        '-- tables: property, area\n'
+        '\n'
+        'SELECT * FROM property\n'
+        '-- an inner comment\n'
+        'WHERE area = :area\n',
+    )
+    method = load_sql_file(path)
+    assert method.name == 'find'
+    assert method.cache_time == 20 and isinstance(method.cache_time, int)
+    assert method.max_rows == 5
+    assert method.tables == {'property', 'area'}
+    assert method.sql.startswith('SELECT') and method.params == ('area',)
+
+
+def test_sql_file_defaults(tmp_path):
+    method = load_sql_file(write(tmp_path, 'plain.sql', 'SELECT 1'))
+    assert method.name == 'plain'
+    assert method.cache_time is None and method.max_rows == 1000
+    half = load_sql_file(write(tmp_path, 'h.sql', '-- cache_time: 0.5\nx'))
+    assert half.cache_time == 0.5
+
+
+@pytest.mark.parametrize(
+    'text, message',
+    [
+        ('-- cache_tme: 20\nSELECT 1', "bad.sql:1: unknown header key "
+         "'cache_tme' (did you mean 'cache_time'?"),
+        ('--\n-- max_rows: lots\nSELECT 1', "bad.sql:2: max_rows = 'lots' "
+         'is not a number'),
+        ('-- cache_time: -3\nSELECT 1', 'bad.sql: SQL method \'bad\': '
+         'cache_time must be'),
+        ('-- name: 9lives\nSELECT 1', 'bad.sql: SQL method name'),
+        ('-- cache_time: 1\n-- only comments', 'sql must be a statement'),
+    ],
+)  # fmt: skip
+def test_sql_file_errors_name_file_and_line(tmp_path, text, message):
+    with pytest.raises(SQLFileError) as info:
+        load_sql_file(write(tmp_path, 'bad.sql', text))
+    assert message in str(info.value)
+    assert str(tmp_path) in str(info.value)
