@@ -178,10 +178,13 @@ def test_request_sql_errors(sqlite_url, apps):
 
 def test_bad_arguments_to_a_cached_method(sqlite_url, apps):
     method = {'name': 'one', 'sql': 'SELECT :x AS x', 'cache_time': 9}
-    app = apps(sqlite_url, [method])
+    two = {'name': 'two', 'sql': 'SELECT :x, :y', 'cache_time': 9}
+    app = apps(sqlite_url, [method, two])
     request = prepare(registry=app.app.registry)['request']
     with pytest.raises(TypeError, match="missing argument 'x'"):
         request.sql.one()
+    with pytest.raises(TypeError, match="missing argument 'x'"):
+        request.sql.one(y=1)
     with pytest.raises(TypeError, match="unexpected argument 'y'"):
         request.sql.one(x=1, y=2)
     with pytest.raises(ValueError, match="argument 'x' cannot be bound"):
@@ -191,6 +194,9 @@ def test_bad_arguments_to_a_cached_method(sqlite_url, apps):
     assert request.sql.one(x=2)[0].x == 2
     assert request.sql.one(x=2)[0].x == 2
     assert request.dbtune.cache['hit'] == 1
+    with pytest.raises(TypeError, match="missing argument 'y'"):
+        request.sql.two(x=1, z=2)
+    assert request.sql.two(x=1, y=2)[0] == (1, 2)
 
 
 def test_no_registered_methods(sqlite_url, apps):
