@@ -184,8 +184,7 @@ class BoundSQLMethod:
         if not self.cache_time:
             context.cache['uncached'] += 1
             return context.read(method, params)
-        method.check_names(params)
-        key = (self._key, tuple([params[name] for name in method.params]))
+        key = (self._key, method.values(params))
         try:
             hash(key)
         except TypeError:
