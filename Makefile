@@ -29,17 +29,14 @@ lint: $(VENV)/.testing
 	$(BIN)/ruff format --check .
 
 test: lint
+	$(BIN)/sphinx-build -q -W -b html docs docs/_build/html
 	$(BIN)/pytest --cov --cov-report=term-missing $(PYTEST_ARGS)
 
 format: $(VENV)/.testing
 	$(BIN)/ruff check --fix .
 	$(BIN)/ruff format .
 
-$(VENV)/.docs: $(BIN)/python setup.cfg
-	$(BIN)/pip install --quiet -e '.[docs]'
-	touch $@
-
-docs: $(VENV)/.docs
+docs: $(VENV)/.testing
 	$(BIN)/sphinx-build -W -b html docs docs/_build/html
 
 bench-cache: $(VENV)/.testing
