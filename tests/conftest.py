@@ -218,3 +218,26 @@ def no_leftover_transaction():
     """A test that leaves the thread's transaction open fails the next."""
     yield
     transaction.manager.abort()
+
+
+def echo_app(environ, start_response):
+    """A WSGI app that answers with what it was asked, to see that a
+    request passed through untouched."""
+    length = int(environ.get('CONTENT_LENGTH') or 0)
+    body = environ['wsgi.input'].read(length) if length else b''
+    text = '{} {} ?{} {!r}'.format(
+        environ['REQUEST_METHOD'],
+        environ.get('PATH_INFO'),
+        environ.get('QUERY_STRING', ''),
+        body,
+    ).encode()
+    start_response(
+        '299 Echo',
+        [('Content-Type', 'application/x-echo'), ('X-Echo', 'yes'),
+         ('Content-Length', str(len(text)))],
+    )  # fmt: skip
+    return [text]
+
+
+def echo_app_factory(global_conf, **settings):
+    return echo_app

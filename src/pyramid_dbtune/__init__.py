@@ -9,6 +9,7 @@ from pathlib import Path
 from pyramid.exceptions import ConfigurationError
 from pyramid.path import AssetResolver
 
+from . import fastpath
 from . import settings as _settings
 from .cache import make_cache
 from .routing import Database, RequestContext, SQLNamespace
@@ -123,7 +124,9 @@ def includeme(config):
     """Set up pyramid_dbtune: parse the settings, add directives.
 
     Adds ``config.add_sql_method`` and ``config.add_sql_methods``,
-    ``request.sql`` and ``request.dbtune``, and includes pyramid_tm.
+    ``request.sql`` and ``request.dbtune``, and includes pyramid_tm. With
+    ``dbtune.fast_paths`` set, answers those paths before Pyramid builds a
+    request (:mod:`pyramid_dbtune.fastpath`).
     """
     parsed = _settings.parse(config.get_settings())
     config.include('pyramid_tm')
@@ -132,5 +135,7 @@ def includeme(config):
     config.add_directive('add_sql_methods', add_sql_methods)
     config.add_request_method(RequestContext, 'dbtune', reify=True)
     config.add_request_method(SQLNamespace, 'sql', reify=True)
+    if parsed.fast_paths:
+        fastpath.install(config, parsed.fast_paths)
     # After every other action: overrides may only name registered methods.
     config.action(None, _check_cache_times, args=(runtime,), order=10)

@@ -16,6 +16,8 @@ from pyramid.exceptions import ConfigurationError
 from sqlalchemy.engine import make_url
 from sqlalchemy.exc import ArgumentError
 
+from .fastpath import FastPathError, parse_paths
+
 PREFIX = 'dbtune.'
 
 
@@ -81,6 +83,16 @@ def as_bytes(value):
     return number
 
 
+def as_fast_paths(value):
+    try:
+        return MappingProxyType(parse_paths(value))
+    except FastPathError as exc:
+        raise Invalid(
+            f'whitespace-separated /path=answer items such as '
+            f'"/ok.html=OK /healthz=OK" ({exc})'
+        ) from None
+
+
 @dataclass(frozen=True)
 class Setting:
     name: str
@@ -95,6 +107,7 @@ TABLE = (
     Setting('cache.max_entries', positive_int, 10000),
     Setting('cache.max_bytes', as_bytes, 64 * 1024 * 1024),
     Setting('cache.default_time', as_seconds, 0),
+    Setting('fast_paths', as_fast_paths, None),
 )
 
 #: Settings that take a suffix: ``dbtune.cache_time.<method name>``.
@@ -110,6 +123,8 @@ class Settings:
     cache_max_entries: int = 10000
     cache_max_bytes: int = 64 * 1024 * 1024
     cache_default_time: float = 0
+    #: ``dbtune.fast_paths``: path to body (bytes) or callable.
+    fast_paths: MappingProxyType | None = None
     #: ``dbtune.cache_time.<name>`` overrides, by SQL method name.
     cache_times: MappingProxyType = field(
         default_factory=lambda: MappingProxyType({})

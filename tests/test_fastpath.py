@@ -1,0 +1,337 @@
+"""The fast path: the WSGI wrapper, the paste filter, the include-only
+form under pyramid_tm and pyramid_retry, and the deep health check."""
+
+import contextlib
+import functools
+import socket
+import threading
+
+import pytest
+from paste.deploy import loadapp
+from pyramid.config import Configurator
+from pyramid.events import NewRequest
+from pyramid.exceptions import ConfigurationError
+from pyramid.response import Response
+from pyramid_retry import RetryableException
+from webtest import TestApp
+
+from pyramid_dbtune.fastpath import (
+    FastPathError,
+    deep_check,
+    filter_app_factory,
+    parse_paths,
+    wrap,
+)
+
+from conftest import echo_app, query_log
+
+PATHS = '/ok.html=OK /healthz=healthy'
+
+
+@pytest.fixture
+def app():
+    return TestApp(wrap(echo_app, PATHS))
+
+
+def test_static_answer(app):
+    response = app.get('/ok.html')
+    assert response.status == '200 OK'
+    assert response.body == b'OK'
+    assert response.headers['Content-Type'] == 'text/plain; charset=utf-8'
+    assert response.headers['Content-Length'] == '2'
+    assert response.headers['Cache-Control'] == 'no-store'
+    assert app.get('/healthz').body == b'healthy'
+    # The query string does not matter: the path does.
+    assert app.get('/ok.html?from=balancer').body == b'OK'
+
+
+def test_head_answers_headers_without_a_body(app):
+    response = app.head('/ok.html')
+    assert response.status == '200 OK' and response.body == b''
+    assert response.headers['Content-Length'] == '2'
+
+
+@pytest.mark.parametrize(
+    'method, path',
+    [
+        ('GET', '/'),
+        ('GET', '/ok.htm'),
+        ('GET', '/ok.html/'),
+        ('GET', '/OK.html'),
+        ('GET', '/ok.html.bak'),
+        ('POST', '/ok.html'),
+        ('PUT', '/healthz'),
+        ('DELETE', '/ok.html'),
+        ('OPTIONS', '/ok.html'),
+        ('POST', '/other'),
+    ],
+)
+def test_everything_else_passes_through_unchanged(app, method, path):
+    direct = TestApp(echo_app)
+    kw = {'body': b'a=1&b=2', 'status': '*'} if method != 'GET' else {}
+    if method == 'GET':
+        path += '?q=1'
+    through = app.request(path, method=method, **kw)
+    expected = direct.request(path, method=method, **kw)
+    assert through.status == expected.status == '299 Echo'
+    assert through.headerlist == expected.headerlist
+    assert through.body == expected.body
+
+
+def test_options_of_the_wrapper():
+    app = TestApp(
+        wrap(
+            echo_app,
+            {'/a': 'x', '/b': b'y'},
+            content_type='text/html',
+            cache_control='',
+        )
+    )
+    response = app.get('/a')
+    assert response.headers['Content-Type'] == 'text/html'
+    assert 'Cache-Control' not in response.headers
+    assert app.get('/b').body == b'y'
+
+
+INI = """
+[pipeline:main]
+pipeline = fastpath echo
+
+[filter:fastpath]
+use = egg:pyramid_dbtune#fastpath
+paths = /ok.html=OK /healthz=OK
+content_type = text/plain
+cache_control = max-age=5
+
+[app:echo]
+use = call:conftest:echo_app_factory
+"""
+
+
+def test_paste_filter_from_an_ini_file(tmp_path):
+    ini = tmp_path / 'app.ini'
+    ini.write_text(INI)
+    app = TestApp(loadapp(f'config:{ini}'))
+    response = app.get('/ok.html')
+    assert response.body == b'OK'
+    assert response.headers['Content-Type'] == 'text/plain'
+    assert response.headers['Cache-Control'] == 'max-age=5'
+    assert app.get('/other').status == '299 Echo'
+
+
+def test_paste_filter_needs_paths():
+    with pytest.raises(FastPathError, match='needs paths'):
+        filter_app_factory(echo_app, {}, paths=' ')
+
+
+@pytest.mark.parametrize(
+    'paths, message',
+    [
+        ('/ok', 'is not /path=answer'),
+        ('ok=OK', 'must start with "/"'),
+        ('/a=1 /a=2', 'given twice'),
+        ({'/a': 1}, 'must be text, bytes or a callable'),
+        ('/a=python:no.such.module:f', "cannot import 'no.such.module:f'"),
+        ({5: 'x'}, 'must start with'),
+    ],
+)
+def test_bad_tables(paths, message):
+    with pytest.raises(FastPathError, match=message):
+        parse_paths(paths)
+
+
+def test_bad_setting_stops_start_up():
+    config = Configurator(settings={'dbtune.fast_paths': '/ok'})
+    with pytest.raises(ConfigurationError) as info:
+        config.include('pyramid_dbtune')
+    assert "dbtune.fast_paths = '/ok' is not valid" in str(info.value)
+    assert 'is not /path=answer' in str(info.value)
+
+
+class Flaky:
+    """A view that fails with a retryable error on its first attempt."""
+
+    def __init__(self):
+        self.attempts = 0
+        self.transactions = []
+
+    def __call__(self, request):
+        self.attempts += 1
+        # pyramid_tm began a transaction for this attempt.
+        self.transactions.append(request.tm.get())
+        if self.attempts == 1:
+            raise RetryableException()
+        return Response(f'attempt {self.attempts}')
+
+
+def include_only_app(paths, **settings):
+    requests = []
+    flaky = Flaky()
+    config = Configurator(settings={'dbtune.fast_paths': paths, **settings})
+    config.include('pyramid_retry')
+    config.include('pyramid_dbtune')
+    config.add_subscriber(lambda e: requests.append(e.request), NewRequest)
+    config.add_route('flaky', '/flaky')
+    config.add_view(flaky, route_name='flaky')
+    config.add_route('healthz', '/healthz')
+    config.add_view(lambda r: Response('slow'), route_name='healthz')
+    return TestApp(config.make_wsgi_app()), requests, flaky
+
+
+def test_include_only_answers_before_a_request_is_built():
+    app, requests, _ = include_only_app(PATHS)
+    assert app.get('/healthz').body == b'healthy'
+    assert app.head('/ok.html').body == b''
+    assert requests == []
+    # Other methods reach the view.
+    assert app.post('/healthz').body == b'slow'
+    assert len(requests) == 1
+
+
+def test_include_only_keeps_pyramid_retry_and_pyramid_tm_working():
+    app, requests, flaky = include_only_app(PATHS, **{'retry.attempts': 2})
+    assert app.get('/flaky').body == b'attempt 2'
+    assert flaky.attempts == 2 and len(requests) == 2
+    first, second = flaky.transactions
+    # The failed attempt's transaction was aborted (it never committed),
+    # the retry's committed: pyramid_tm ran inside pyramid_retry.
+    assert first is not second
+    assert (first.status, second.status) == ('Active', 'Committed')
+    assert app.get('/ok.html').body == b'OK' and len(requests) == 2
+
+
+def test_include_without_fast_paths_installs_nothing():
+    from pyramid.interfaces import IExecutionPolicy
+
+    config = Configurator()
+    config.include('pyramid_dbtune')
+    config.commit()
+    assert config.registry.queryUtility(IExecutionPolicy) is None
+
+
+def answer(environ):
+    return '201 Created', [('X-Made', environ['PATH_INFO'])], 'made'
+
+
+def sized(environ):
+    return (
+        '200 OK',
+        [('content-type', 'text/x'), ('content-length', '3')],
+        b'abc',
+    )
+
+
+def broken(environ):
+    raise RuntimeError('oops')
+
+
+def test_callable_answers(caplog):
+    app = TestApp(
+        wrap(
+            echo_app,
+            {
+                '/made': answer,
+                '/broken': broken,
+                '/named': 'python:test_fastpath:answer',
+                '/sized': sized,
+            },
+        )
+    )
+    response = app.get('/made')
+    assert response.status == '201 Created' and response.body == b'made'
+    assert response.headers['Content-Length'] == '4'
+    assert app.get('/named').headers['X-Made'] == '/named'
+    assert app.head('/made').body == b''
+    assert app.get('/sized').headerlist == [
+        ('content-type', 'text/x'),
+        ('content-length', '3'),
+    ]
+    assert app.get('/broken', status=500).body == b'fast path failed\n'
+    assert 'fast path /broken failed' in caplog.text
+
+
+def deep_app(url, paths, **settings):
+    config = Configurator(
+        settings={'dbtune.url': url, 'dbtune.fast_paths': paths, **settings}
+    )
+    config.include('pyramid_dbtune')
+    return TestApp(config.make_wsgi_app())
+
+
+DEEP = '/healthz=python:pyramid_dbtune.fastpath:deep_check'
+
+
+def test_deep_check_pings_the_database_and_reuses_its_answer(sqlite_url):
+    app = deep_app(sqlite_url, DEEP)
+    log = query_log(app)
+    response = app.get('/healthz')
+    assert response.status == '200 OK' and response.body == b'OK\n'
+    for _ in range(20):
+        app.get('/healthz')
+    assert log.count('SELECT 1') == 1
+    app.app.registry.dbtune.database.dispose()
+
+
+def test_deep_check_reports_a_refusing_database_as_503():
+    # Nothing listens on port 1 of the loopback: connections are refused.
+    app = deep_app('postgresql+psycopg://nobody@127.0.0.1:1/none', DEEP)
+    response = app.get('/healthz', status=503)
+    assert response.body == b'database unavailable: OperationalError\n'
+
+
+@pytest.fixture
+def silent_server():
+    """A TCP port that accepts connections and never says a word: a
+    database that hangs."""
+    listener = socket.socket()
+    listener.bind(('127.0.0.1', 0))
+    listener.listen(16)
+    accepted = []
+    stop = threading.Event()
+
+    def accept():
+        listener.settimeout(0.1)
+        while not stop.is_set():
+            with contextlib.suppress(TimeoutError):
+                accepted.append(listener.accept()[0])
+
+    thread = threading.Thread(target=accept, daemon=True)
+    thread.start()
+    yield listener.getsockname()[1]
+    stop.set()
+    thread.join()
+    for connection in accepted:
+        connection.close()
+    listener.close()
+
+
+def test_deep_check_answers_503_while_the_database_hangs(silent_server):
+    url = f'postgresql+psycopg://nobody@127.0.0.1:{silent_server}/none'
+    quick = functools.partial(deep_check, timeout=0.2, reuse=0)
+    app = TestApp(wrap(echo_app, {'/healthz': quick}))
+    config = Configurator(settings={'dbtune.url': url})
+    config.include('pyramid_dbtune')
+    config.commit()
+    app = TestApp(wrap(config.make_wsgi_app(), {'/healthz': quick}))
+    first = app.get('/healthz', status=503)
+    assert first.body == b'database did not answer within 0.2 s\n'
+    # The hung ping is still running: a second check waits for it rather
+    # than starting another.
+    threads = [t for t in threading.enumerate() if 'deep check' in t.name]
+    app.get('/healthz', status=503)
+    assert threads == [
+        t for t in threading.enumerate() if 'deep check' in t.name
+    ]
+    assert len(threads) == 1
+
+
+def test_deep_check_needs_a_pyramid_dbtune_app():
+    app = TestApp(wrap(echo_app, {'/healthz': deep_check}))
+    assert app.get('/healthz', status=500).body == b'no pyramid_dbtune app\n'
+
+
+def test_deep_check_without_a_database():
+    config = Configurator()
+    config.include('pyramid_dbtune')
+    app = TestApp(wrap(config.make_wsgi_app(), {'/healthz': deep_check}))
+    assert app.get('/healthz').body == b'OK\n'
