@@ -19,6 +19,9 @@ POSTGRESQL_URL = os.environ.get(
     'DBTUNE_TEST_POSTGRESQL',
     'postgresql+psycopg://postgres@127.0.0.1:5432/test',
 )
+MYSQL_URL = os.environ.get(
+    'DBTUNE_TEST_MYSQL', 'mysql+pymysql://root@127.0.0.1:3306/test'
+)
 IN_CI = os.environ.get('CI', '').lower() in ('1', 'true', 'yes')
 
 
@@ -51,13 +54,38 @@ def _postgresql_schema():
     return url.render_as_string(hide_password=False), drop
 
 
-@pytest.fixture(params=['sqlite', 'postgresql'])
+def _mysql_database():
+    """A URL for a new, empty MySQL or MariaDB database, and its cleanup."""
+    name = f'dbtune_{uuid.uuid4().hex[:12]}'
+    admin = sa.create_engine(MYSQL_URL)
+    try:
+        with admin.begin() as connection:
+            connection.execute(sa.text(f'CREATE DATABASE {name}'))
+    except sa.exc.OperationalError as exc:
+        admin.dispose()
+        server_missing(f'MySQL or MariaDB at {MYSQL_URL}', exc)
+    url = sa.engine.make_url(MYSQL_URL).set(database=name)
+
+    def drop():
+        with admin.begin() as connection:
+            connection.execute(sa.text(f'DROP DATABASE {name}'))
+        admin.dispose()
+
+    return url.render_as_string(hide_password=False), drop
+
+
+@pytest.fixture(params=['sqlite', 'postgresql', 'mysql'])
 def db_url(request, tmp_path):
     """An empty database of each kind, as a URL."""
     if request.param == 'sqlite':
         yield f'sqlite:///{tmp_path / "test.sqlite"}'
         return
-    url, drop = _postgresql_schema()
+    make = (
+        _postgresql_schema
+        if request.param == 'postgresql'
+        else (_mysql_database)
+    )
+    url, drop = make()
     yield url
     drop()
 

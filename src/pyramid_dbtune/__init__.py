@@ -12,7 +12,12 @@ from pyramid.path import AssetResolver
 from . import fastpath
 from . import settings as _settings
 from .cache import make_cache
-from .routing import Database, RequestContext, SQLNamespace
+from .routing import (
+    Database,
+    RequestContext,
+    SQLNamespace,
+    WriteInReadError,
+)
 from .rows import Record, Rows
 from .sqlmethod import SQLFileError, SQLMethod, load_sql_file
 
@@ -22,6 +27,7 @@ __all__ = [
     'Rows',
     'SQLFileError',
     'SQLMethod',
+    'WriteInReadError',
     'includeme',
 ]
 

@@ -15,6 +15,7 @@ from time import perf_counter
 import transaction.interfaces
 from sqlalchemy import create_engine
 from sqlalchemy.engine import make_url
+from sqlalchemy.exc import DBAPIError
 from sqlalchemy.orm import Session
 from zope.sqlalchemy import mark_changed, register
 
@@ -38,6 +39,21 @@ def fetch(result, max_rows):
     return Rows(columns, data, truncated=truncated)
 
 
+#: How a read's connection is made read-only, and made writable again
+#: after, by dialect. PostgreSQL's driver does it by an execution option.
+#: SET TRANSACTION applies to the transaction the read is about to begin.
+_READ_ONLY = {
+    'sqlite': ('PRAGMA query_only = ON', 'PRAGMA query_only = OFF'),
+    'mysql': ('SET TRANSACTION READ ONLY', None),
+    'mariadb': ('SET TRANSACTION READ ONLY', None),
+    'oracle': ('SET TRANSACTION READ ONLY', None),
+}
+#: What each refuses a write in a read-only transaction with: PostgreSQL's
+#: SQLSTATE, MySQL's and MariaDB's error number, Oracle's ORA- number.
+_READ_ONLY_SQLSTATE = '25006'
+_READ_ONLY_ERRNO = frozenset([1792, 1456])
+
+
 class Database:
     """The engine that SQL methods run on, and its identity for cache keys.
 
@@ -49,10 +65,25 @@ class Database:
         self.engine = create_engine(url)
         # Cache keys name the database read, never its password.
         self.key = make_url(url).render_as_string(hide_password=True)
+        self.dialect = self.engine.dialect.name
+        self._read_only, self._writable = _READ_ONLY.get(
+            self.dialect, (None, None)
+        )
 
     def read(self, statement, params, max_rows):
+        """Run a read on a connection of its own, read-only: a statement
+        taken for a read that writes fails, rather than being rolled back
+        unseen."""
         with self.engine.connect() as connection:
-            return fetch(connection.execute(statement, params), max_rows)
+            if self.dialect == 'postgresql':
+                connection.execution_options(postgresql_readonly=True)
+            if self._read_only:
+                connection.exec_driver_sql(self._read_only)
+            try:
+                return fetch(connection.execute(statement, params), max_rows)
+            finally:
+                if self._writable:
+                    connection.exec_driver_sql(self._writable)
 
     def dispose(self):
         self.engine.dispose()
@@ -135,6 +166,15 @@ class RequestContext:
             return self.runtime.database.read(
                 statement, params, method.max_rows
             )
+        except DBAPIError as exc:
+            if _refused_as_read_only(exc):
+                raise WriteInReadError(
+                    f'SQL method {method.name}() tried to change the '
+                    'database, but its statement reads as a read, and reads '
+                    'run read-only: declare it with writes=True (or a '
+                    '"-- writes: true" line in its file)'
+                ) from exc
+            raise
         finally:
             self.queries += 1
             self.db_seconds += perf_counter() - start
@@ -150,11 +190,27 @@ class RequestContext:
             self.db_seconds += perf_counter() - start
 
 
+class WriteInReadError(RuntimeError):
+    """A SQL method taken for a read tried to write (see ``writes=``)."""
+
+
+def _refused_as_read_only(exc):
+    orig = exc.orig
+    args = getattr(orig, 'args', ())
+    code = getattr(args[0], 'code', args[0]) if args else None
+    return (
+        getattr(orig, 'sqlstate', None) == _READ_ONLY_SQLSTATE
+        or code in _READ_ONLY_ERRNO
+        or 'readonly database' in str(orig)  # SQLite: SQLITE_READONLY
+    )
+
+
 def _freeze(value):
+    """A hashable stand-in for a list argument, its items' types kept."""
     if isinstance(value, list | tuple):
-        return tuple(value)
+        return tuple([(type(v), v) for v in value])
     if isinstance(value, set | frozenset):
-        return frozenset(value)
+        return frozenset([(type(v), v) for v in value])
     return value
 
 
@@ -184,11 +240,13 @@ class BoundSQLMethod:
         if not self.cache_time:
             context.cache['uncached'] += 1
             return context.read(method, params)
-        key = (self._key, method.values(params))
+        values = method.values(params)
+        # 1, 1.0, True and Decimal(1) are equal, but not the same argument.
+        key = (self._key, values, tuple(map(type, values)))
         try:
             hash(key)
         except TypeError:
-            key = (self._key, tuple([_freeze(v) for v in key[1]]))
+            key = (self._key, tuple([_freeze(v) for v in values]), key[2])
             try:
                 hash(key)
             except TypeError:

@@ -16,97 +16,16 @@ from pathlib import Path
 
 from sqlalchemy import bindparam, text
 
-#: Statements that begin with these words read; anything else writes.
-_READ_WORDS = frozenset(
-    ['select', 'with', 'values', 'table', 'show', 'describe', 'explain']
-)
+from . import analysis
+from .analysis import ANY_TABLE
 
-# Literals and comments are blanked before the text is analysed, so that a
-# word inside a string ("... from the station") is not taken for a table.
-_NOISE = re.compile(
-    r"(?P<literal>'(?:''|\\.|[^'\\])*')|--[^\n]*|/\*.*?\*/", re.DOTALL
-)
-_PART = r'(?:"[^"]+"|`[^`]+`|\[[^\]]+\]|[A-Za-z_][\w$]*)'
-_NAME = rf'{_PART}(?:\s*\.\s*{_PART})*'
-# An alias is any word that is not a keyword that may follow a table.
-_KEYWORDS = (
-    'where|join|inner|left|right|full|cross|natural|outer|on|using|group|'
-    'order|limit|having|union|intersect|except|window|offset|fetch|for|'
-    'lateral|straight_join|returning|set|values|lock|into'
-)
-_ALIASED = rf'{_NAME}(?:\s+(?:as\s+)?(?!(?:{_KEYWORDS})\b)[A-Za-z_]\w*)?'
-_READS = re.compile(
-    rf'\b(?:from|join)\s+({_ALIASED}(?:\s*,\s*{_ALIASED})*)', re.IGNORECASE
-)
-_WRITES = re.compile(
-    r'(?:\b(\w+)\s+)?\b(?:insert(?:\s+ignore)?\s+into|replace\s+into|'
-    r'merge\s+into|delete\s+from|truncate(?:\s+table)?|'
-    rf'update(?:\s+only)?)\s+({_NAME})',
-    re.IGNORECASE,
-)
-_DML = re.compile(r'\b(?:insert|update|delete|merge)\b', re.IGNORECASE)
-_LOCKING = re.compile(
-    r'\bfor\s+(?:no\s+key\s+)?(?:update|share|key\s+share)\b'
-    r'|\block\s+in\s+share\s+mode\b',
-    re.IGNORECASE,
-)
-# Words before UPDATE that make it part of another clause, not a statement:
-# FOR UPDATE, ON CONFLICT DO UPDATE, ON DUPLICATE KEY UPDATE, MERGE's
-# WHEN MATCHED THEN UPDATE.
-_NOT_A_TARGET = frozenset(['for', 'do', 'key', 'then'])
+# Literals and comments blanked: for finding a second statement.
+_NOISE = re.compile(r"'(?:''|[^'])*'|--[^\n]*|/\*.*?\*/", re.DOTALL)
 
 
 def _table_name(name):
     """``"Public".Property`` -> ``property``: the last part, unquoted."""
-    last = re.split(r'\s*\.\s*', name)[-1]
-    return last.strip('"`[]').lower()
-
-
-def analyse(sql):
-    """Tell whether ``sql`` writes, and which tables it reads or writes.
-
-    Returns ``(writes, tables)``. For a read, ``tables`` is the set of
-    tables named after FROM and JOIN. For a write it is the set of tables
-    the statement changes, or ``None`` when that cannot be told (DDL,
-    procedure calls): such a write invalidates every cached result. A
-    locking read (``SELECT ... FOR UPDATE``) counts as a write of no table:
-    it must run in the writing transaction, and it changes nothing.
-
-    The analysis is lexical; a method that declares ``tables=`` is not
-    analysed for tables.
-    """
-    clean = _NOISE.sub(lambda m: "''" if m.group('literal') else ' ', sql)
-    words = clean.split(None, 1)
-    first = words[0].lower().lstrip('(') if words else ''
-    if first in _READ_WORDS and not (first == 'with' and _DML.search(clean)):
-        if _LOCKING.search(clean):
-            return True, frozenset()
-        tables = set()
-        for match in _READS.finditer(clean):
-            for item in match.group(1).split(','):
-                tables.add(_table_name(_leading_name(item)))
-        return False, frozenset(tables)
-    if first in (
-        'insert',
-        'update',
-        'delete',
-        'merge',
-        'replace',
-        'truncate',
-        'with',
-    ):
-        tables = {
-            _table_name(m.group(2))
-            for m in _WRITES.finditer(clean)
-            if (m.group(1) or '').lower() not in _NOT_A_TARGET
-        }
-        if tables:
-            return True, frozenset(tables)
-    return True, None
-
-
-def _leading_name(item):
-    return re.match(_NAME, item.strip()).group(0)
+    return name.split('.')[-1].strip('"`[] ').lower()
 
 
 _SCALARS = (
@@ -162,10 +81,22 @@ class SQLMethod:
     ``tables``
         The tables the statement reads (or, for a write, changes). When
         not given, they are taken from the statement's text.
+    ``writes``
+        Whether the statement writes. When not given, it is taken from the
+        statement's text: a statement that does not begin as a read does
+        (:func:`~pyramid_dbtune.analysis.analyse`). Say ``writes=True`` for
+        a ``SELECT`` of a function that changes data.
     """
 
     def __init__(
-        self, name, sql, *, cache_time=None, max_rows=1000, tables=None
+        self,
+        name,
+        sql,
+        *,
+        cache_time=None,
+        max_rows=1000,
+        tables=None,
+        writes=None,
     ):
         if (
             not isinstance(name, str)
@@ -193,9 +124,13 @@ class SQLMethod:
         self.sql = sql
         self.cache_time = cache_time
         self.max_rows = max_rows
+        if writes not in (None, True, False):
+            raise ValueError(f'{what} writes must be True, False or None')
         self.statement = text(sql)
         self.params = tuple(self.statement.compile().params)
         self._param_set = frozenset(self.params)
+        #: Parameters written ``IN :name``: they take a list.
+        self.list_params = analysis.in_parameters(sql) & self._param_set
         # The argument values in parameter order, as a tuple, in C: this is
         # the cache-hit path (benchmarks/bench_cache.py).
         self._getter = (
@@ -203,11 +138,19 @@ class SQLMethod:
             if len(self.params) > 1
             else lambda params: tuple(params[p] for p in self.params)
         )
-        self.writes, found = analyse(sql)
-        self.tables = (
-            found if tables is None else _normalise_tables(name, tables)
+        found_writes, found = analysis.analyse(sql)
+        self.writes = found_writes if writes is None else writes
+        if tables is not None:
+            self.tables = _normalise_tables(name, tables)
+        elif self.writes == found_writes:
+            self.tables = found
+        else:
+            # Declared a write, read as a read (or the other way round):
+            # what the text names is no guide to what the statement does.
+            self.tables = None if self.writes else frozenset([ANY_TABLE])
+        self._expanding = self.statement.bindparams(
+            *(bindparam(n, expanding=True) for n in self.list_params)
         )
-        self._expanding = {frozenset(): self.statement}
 
     def __repr__(self):
         kind = 'write' if self.writes else 'read'
@@ -216,34 +159,33 @@ class SQLMethod:
     def bind(self, params):
         """Check ``params`` against the statement; return it ready to run.
 
-        Returns ``(statement, params)``: lists, tuples and sets become an
-        expanding ``IN`` parameter. A missing or extra argument raises
-        :class:`TypeError`; a value no driver can bind raises
-        :class:`ValueError`. Both name the method and the argument.
+        Returns ``(statement, params)``. A parameter written ``IN :name``
+        takes a list, tuple or set; elsewhere a list is passed to the driver
+        as it is (an array, for PostgreSQL). A missing or extra argument, or
+        a single value where ``IN`` wants a list, raises :class:`TypeError`;
+        a value no driver can bind raises :class:`ValueError`. Both name the
+        method and the argument.
         """
         self.check_names(params)
-        expanding = []
         for key, value in params.items():
             if isinstance(value, _SEQUENCES):
                 bad = [v for v in value if not isinstance(v, _SCALARS)]
                 if bad:
                     self._unbindable(key, bad[0], ' inside a list')
-                expanding.append(key)
             elif not isinstance(value, _SCALARS):
                 self._unbindable(key, value, '')
-        if not expanding:
+            elif key in self.list_params:
+                raise TypeError(
+                    f'SQL method {self.name}(): argument {key!r} is used as '
+                    f'IN :{key} and needs a list, tuple or set, not '
+                    f'{type(value).__name__}'
+                )
+        if not self.list_params:
             return self.statement, params
-        names = frozenset(expanding)
-        statement = self._expanding.get(names)
-        if statement is None:
-            statement = self.statement.bindparams(
-                *(bindparam(n, expanding=True) for n in names)
-            )
-            self._expanding[names] = statement
         params = dict(params)
-        for key in names:
+        for key in self.list_params:
             params[key] = list(params[key])
-        return statement, params
+        return self._expanding, params
 
     def values(self, params):
         """The values of ``params`` in parameter order, names checked."""
@@ -283,14 +225,25 @@ class SQLMethod:
         )
 
 
-#: The header keys of a ``.sql`` file, and how each value is read.
+def _yes_no(value):
+    answer = {'true': True, 'yes': True, 'false': False, 'no': False}
+    try:
+        return answer[value.lower()]
+    except KeyError:
+        raise ValueError(value) from None
+
+
+#: The header keys of a ``.sql`` file, how each value is read, and what a
+#: bad one should have been.
 _HEADER_KEYS = {
-    'name': str,
-    'cache_time': float,
-    'max_rows': int,
-    'tables': str,
+    'name': (str, 'a name'),
+    'cache_time': (float, 'a number'),
+    'max_rows': (int, 'a whole number'),
+    'tables': (str, 'table names'),
+    'writes': (_yes_no, 'true or false'),
 }
-_HEADER = re.compile(r'^--\s*([A-Za-z_]\w*)\s*:\s*(.*?)\s*$')
+# A key may be written with spaces or hyphens: "cache-time", "Cache time".
+_HEADER = re.compile(r'^--\s*([A-Za-z_][\w -]*?)\s*:\s*(.*?)\s*$')
 
 
 class SQLFileError(ValueError):
@@ -301,10 +254,11 @@ def load_sql_file(path):
     """Read a ``.sql`` file into a :class:`SQLMethod`.
 
     The leading ``--`` comment lines may carry ``name``, ``cache_time``,
-    ``max_rows`` and ``tables`` as ``-- key: value``; the name defaults to
-    the file's stem. A header key close to one of these but not one of
-    them (``-- cache_tme: 20``) is an error rather than prose, so that a
-    typo cannot silently turn caching off.
+    ``max_rows``, ``tables`` and ``writes`` as ``-- key: value`` (a key
+    may be spelt with hyphens or spaces); the name defaults to the file's
+    stem. A header key close to one of these but not one of them
+    (``-- cache_tme: 20``) is an error rather than prose, so that a typo
+    cannot silently turn caching off.
     """
     path = Path(path)
     options = {'name': path.stem}
@@ -318,7 +272,8 @@ def load_sql_file(path):
         match = _HEADER.match(stripped)
         if match is None:
             continue
-        key, value = match.group(1).lower(), match.group(2)
+        key = re.sub(r'[\s-]+', '_', match.group(1).lower())
+        value = match.group(2)
         if key not in _HEADER_KEYS:
             close = difflib.get_close_matches(key, _HEADER_KEYS, n=1)
             if close:
@@ -327,11 +282,12 @@ def load_sql_file(path):
                     f'mean {close[0]!r}? accepted: {", ".join(_HEADER_KEYS)})'
                 )
             continue
+        convert, accepted = _HEADER_KEYS[key]
         try:
-            options[key] = _HEADER_KEYS[key](value)
+            options[key] = convert(value)
         except ValueError:
             raise SQLFileError(
-                f'{path}:{number}: {key} = {value!r} is not a number'
+                f'{path}:{number}: {key} = {value!r} is not {accepted}'
             ) from None
     if 'cache_time' in options and options['cache_time'].is_integer():
         options['cache_time'] = int(options['cache_time'])

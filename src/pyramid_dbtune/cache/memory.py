@@ -12,6 +12,8 @@ from collections import OrderedDict
 from concurrent.futures import Future
 from time import monotonic
 
+from ..analysis import ANY_TABLE
+
 HIT = 'hit'
 MISS = 'miss'
 STALE = 'stale'
@@ -81,9 +83,9 @@ class MemoryCache:
                 self._data.move_to_end(key)
                 self.hits += 1
                 return entry.value, HIT
-            future = self._inflight.get(key)
-            if future is None:
-                future = self._inflight[key] = Future()
+            flight = self._inflight.get(key)
+            if flight is None:
+                flight = self._inflight[key] = (Future(), tables)
                 before = self._snapshot(tables)
                 self.misses += 1
             elif entry is not None:
@@ -92,25 +94,30 @@ class MemoryCache:
             else:
                 self.waited += 1
                 before = None
+        future = flight[0]
         if before is None:
             return future.result(), WAITED
         try:
             value = fill(*args)
-        except BaseException as exc:
+            size = estimate_size(key, value)
             with self._lock:
-                del self._inflight[key]
+                if self._snapshot(tables) != before:
+                    self.discarded += 1
+                elif size > self.max_bytes:
+                    self.too_big += 1
+                else:
+                    self._store(key, _Entry(value, now + ttl, size, tables))
+        except BaseException as exc:
             future.set_exception(exc)
             raise
-        size = estimate_size(key, value)
-        with self._lock:
-            del self._inflight[key]
-            if self._snapshot(tables) != before:
-                self.discarded += 1
-            elif size > self.max_bytes:
-                self.too_big += 1
-            else:
-                self._store(key, _Entry(value, now + ttl, size, tables))
-        future.set_result(value)
+        else:
+            future.set_result(value)
+        finally:
+            # Whatever happened, the next caller must not wait on this
+            # fill; an invalidation may have detached it already.
+            with self._lock:
+                if self._inflight.get(key) is flight:
+                    del self._inflight[key]
         return value, MISS
 
     def invalidate(self, tables):
@@ -120,13 +127,21 @@ class MemoryCache:
                 self.invalidations += len(self._data)
                 self._data.clear()
                 self._by_table.clear()
+                self._inflight.clear()
                 self.bytes = 0
                 return
+            # Results whose tables could not be told go with any write.
+            tables = set(tables) | {ANY_TABLE}
             for table in tables:
                 self._generations[table] = self._generations.get(table, 0) + 1
                 for key in self._by_table.pop(table, ()):
                     self._remove(key)
                     self.invalidations += 1
+            # A fill running now may hold rows from before the write: who
+            # asks from now on gets a fill of their own, not that one.
+            for key, (_, read) in list(self._inflight.items()):
+                if not tables.isdisjoint(read):
+                    del self._inflight[key]
 
     def _snapshot(self, tables):
         generations = self._generations

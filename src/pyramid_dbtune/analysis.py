@@ -1,0 +1,268 @@
+"""What a SQL statement does, told from its text: read or write, which
+tables, which parameters stand after ``IN``.
+
+The analysis is lexical, for the statements SQL methods hold. Where it
+cannot be sure, it errs on the safe side: a statement it cannot place is
+a write, a write whose tables it cannot tell invalidates everything, and a
+read whose tables it cannot tell (a function in FROM) is invalidated by
+any write. A method that declares ``tables=`` or ``writes=`` is not
+second-guessed.
+"""
+
+import re
+
+#: Tables of a read that cannot be told: any committed write invalidates it.
+ANY_TABLE = '*'
+
+_READ_WORDS = frozenset(
+    ['select', 'with', 'values', 'table', 'show', 'describe', 'explain']
+)
+_DML_WORDS = frozenset(['insert', 'update', 'delete', 'merge', 'replace'])
+# Words before UPDATE that make it part of another clause: FOR UPDATE,
+# ON CONFLICT DO UPDATE, ON DUPLICATE KEY UPDATE, WHEN MATCHED THEN UPDATE,
+# ON UPDATE CASCADE.
+_NOT_A_STATEMENT = frozenset(['for', 'do', 'key', 'then', 'on'])
+# Words that may follow a table but are not its alias.
+_KEYWORDS = frozenset(
+    """where join inner left right full cross natural outer on using group
+    order limit having union intersect except window offset fetch for
+    lateral straight_join returning set values lock into tablesample select
+    from as with when then else end and or not only default""".split()
+)
+
+# Literals and comments are blanked before the text is read. A backslash
+# escapes a quote in MySQL but not in standard SQL; both readings are made
+# and their findings joined, so neither hides a table.
+_COMMENT = r'--[^\n]*|/\*.*?\*/'
+_LITERAL_STANDARD = re.compile(
+    rf"(?P<literal>'(?:''|[^'])*')|{_COMMENT}", re.DOTALL
+)
+_LITERAL_BACKSLASH = re.compile(
+    rf"(?P<literal>'(?:''|\\.|[^'\\])*')|{_COMMENT}", re.DOTALL
+)
+_TOKEN = re.compile(
+    r'"[^"]*"|`[^`]*`|\[[^\]]*\]'  # quoted names
+    r'|(?<![:\w\\]):\w+(?!:)'  # a parameter, as SQLAlchemy's text() reads it
+    r'|[A-Za-z_][\w$]*'  # a name or a keyword
+    r"|''"  # a blanked literal
+    r'|\d[\w.]*'  # a number
+    r'|\S'  # anything else, one character
+)
+
+
+def blank(sql, literal=_LITERAL_STANDARD):
+    """``sql`` with each literal as ``''`` and each comment as a space."""
+    return literal.sub(lambda m: "''" if m.group('literal') else ' ', sql)
+
+
+def tokens(sql, literal=_LITERAL_STANDARD):
+    return _TOKEN.findall(blank(sql, literal))
+
+
+def _is_name(token):
+    return token[0] in '"`[' or (
+        token[0].isalpha() or token[0] == '_'
+    )  # not a parameter, number, literal or punctuation
+
+
+def _table_name(token):
+    return token.strip('"`[]').lower()
+
+
+class _Reader:
+    """Walks a statement's tokens; ``lower`` holds them lower-cased."""
+
+    def __init__(self, words):
+        self.words = words
+        self.lower = [w.lower() for w in words]
+        #: How deep in parentheses each token stands.
+        self.depth = []
+        depth = 0
+        for word in words:
+            depth -= word == ')'
+            self.depth.append(depth)
+            depth += word == '('
+
+    def at(self, i):
+        return self.lower[i] if i < len(self.lower) else ''
+
+    def name(self, i):
+        """Read a dotted name at ``i``: ``(last part, next index)``."""
+        last = self.words[i]
+        i += 1
+        while self.at(i) == '.' and i + 1 < len(self.words):
+            last = self.words[i + 1]
+            i += 2
+        return _table_name(last), i
+
+    def skip_parens(self, i):
+        """From a ``(`` at ``i``, the index after its matching ``)``."""
+        depth = 0
+        while i < len(self.words):
+            if self.words[i] == '(':
+                depth += 1
+            elif self.words[i] == ')':
+                depth -= 1
+                if depth == 0:
+                    return i + 1
+            i += 1
+        return i
+
+    def table_list(self, i, tables):
+        """Read ``a [AS] x, b, (subquery) y, f(...) z`` from ``i``.
+
+        Adds the tables to ``tables``; returns False if a table list holds
+        a function, whose tables cannot be told.
+        """
+        told = True
+        while i < len(self.words):
+            while self.at(i) in ('only', 'lateral'):
+                i += 1
+            if self.at(i) == '(':
+                # A subquery: its own FROM is read where it stands.
+                i = self.skip_parens(i)
+            elif i < len(self.words) and _is_name(self.words[i]):
+                name, i = self.name(i)
+                if self.at(i) == '(':
+                    told = False
+                    i = self.skip_parens(i)
+                else:
+                    tables.add(name)
+            else:
+                break
+            if self.at(i) == 'as':
+                i += 2
+            elif (
+                i < len(self.words)
+                and _is_name(self.words[i])
+                and self.at(i) not in _KEYWORDS
+            ):
+                i += 1
+            if self.at(i) == '(':  # column aliases
+                i = self.skip_parens(i)
+            if self.at(i) != ',':
+                break
+            i += 1
+        return told
+
+    def statement_words(self):
+        """Indexes of DML words that begin a statement or a CTE's body."""
+        return [
+            i
+            for i, word in enumerate(self.lower)
+            if word in _DML_WORDS
+            and (i == 0 or self.lower[i - 1] not in _NOT_A_STATEMENT)
+            and not (word == 'replace' and self.at(i + 1) != 'into')
+        ]
+
+
+def _reads(reader, top_level=False):
+    """The tables named after FROM, JOIN and USING; None if untold."""
+    tables = set()
+    told = True
+    for i, word in enumerate(reader.lower):
+        if top_level and reader.depth[i]:
+            continue
+        if word in ('from', 'join') or (
+            word == 'using' and reader.at(i + 1) != '('
+        ):
+            told = reader.table_list(i + 1, tables) and told
+        elif word == 'table' and i == 0:
+            reader.table_list(1, tables)
+    return tables if told else None
+
+
+def _targets(reader, starts):
+    """The tables the DML words at ``starts`` change; None if untold."""
+    tables = set()
+    for i in starts:
+        word = reader.lower[i]
+        j = i + 1
+        if word in ('insert', 'replace', 'merge'):
+            while j < len(reader.words) and reader.at(j) != 'into':
+                j += 1
+            if j + 1 >= len(reader.words) or not _is_name(reader.words[j + 1]):
+                return None
+            # One table, maybe with a column list: not a function call.
+            tables.add(reader.name(j + 1)[0])
+            continue
+        if word == 'delete':
+            if reader.at(j) != 'from':
+                return None  # MySQL's DELETE t1, t2 FROM ...
+            j += 1
+        else:  # update
+            while reader.at(j) in ('only', 'low_priority', 'ignore'):
+                j += 1
+        if not reader.table_list(j, tables) or j >= len(reader.words):
+            return None
+    return tables
+
+
+def _analyse(words):
+    if not words:
+        return True, None
+    reader = _Reader(words)
+    first = next((w for w in reader.lower if w != '('), '')
+    starts = reader.statement_words()
+    if first == 'truncate':
+        tables = set()
+        j = 1
+        while reader.at(j) in ('table', 'only'):
+            j += 1
+        reader.table_list(j, tables)
+        return True, tables or None
+    if first in _READ_WORDS and not starts:
+        if 'into' in reader.lower:
+            return True, None  # SELECT ... INTO a new table or a variable
+        for i, word in enumerate(reader.lower):
+            following = reader.at(i + 1)
+            if word == 'for' and following in ('update', 'share', 'no', 'key'):
+                return True, set()
+            if word == 'lock' and reader.at(i + 1) == 'in':
+                return True, set()
+        return False, _reads(reader)
+    if not starts or first not in _DML_WORDS | {'with', 'explain', '('}:
+        return True, None
+    tables = _targets(reader, starts)
+    if tables is not None and first in ('update', 'delete'):
+        # UPDATE ... FROM and DELETE ... USING name the changed table by an
+        # alias in some dialects: count every table they name as changed.
+        more = _reads(reader, top_level=True)
+        tables = None if more is None else tables | more
+    return True, tables
+
+
+def analyse(sql):
+    """Tell whether ``sql`` writes, and which tables it reads or writes.
+
+    Returns ``(writes, tables)``. For a read, ``tables`` is a frozenset of
+    the tables it reads, holding :data:`ANY_TABLE` when they cannot be told.
+    For a write it is the frozenset of tables it changes, or ``None`` when
+    that cannot be told (DDL, procedure calls): such a write invalidates
+    every cached result. A locking read (``SELECT ... FOR UPDATE``) is a
+    write of no table: it must run in the writing transaction, and it
+    changes nothing.
+    """
+    found = [
+        _analyse(tokens(sql, literal))
+        for literal in (_LITERAL_STANDARD, _LITERAL_BACKSLASH)
+    ]
+    writes = any(w for w, _ in found)
+    tables = [t for w, t in found if w == writes]
+    if writes:
+        if any(t is None for t in tables):
+            return True, None
+        return True, frozenset().union(*tables)
+    if any(t is None for t in tables):
+        return False, frozenset([ANY_TABLE])
+    return False, frozenset().union(*tables)
+
+
+def in_parameters(sql):
+    """The names of the parameters written ``IN :name`` (lists)."""
+    words = tokens(sql)
+    return frozenset(
+        word[1:]
+        for before, word in zip(words, words[1:], strict=False)
+        if word.startswith(':') and len(word) > 1 and before.lower() == 'in'
+    )

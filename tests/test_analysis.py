@@ -1,0 +1,97 @@
+"""Reading a statement's text: read or write, and which tables."""
+
+import pytest
+
+from pyramid_dbtune.analysis import ANY_TABLE, analyse, in_parameters
+
+
+@pytest.mark.parametrize(
+    'sql, tables',
+    [
+        ('SELECT * FROM property WHERE id = :id', {'property'}),
+        ('select p.id from Property p join area a on a.n = p.a',
+         {'property', 'area'}),
+        ('SELECT 1 FROM a, b AS bb, "Public"."C" WHERE 1=1', {'a', 'b', 'c'}),
+        ('SELECT * FROM a LEFT JOIN b USING (x) NATURAL JOIN c',
+         {'a', 'b', 'c'}),
+        ('SELECT * FROM a x JOIN b y ON x.i = y.i', {'a', 'b'}),
+        ('SELECT * FROM (SELECT name FROM area) a, property p',
+         {'area', 'property'}),
+        ('SELECT * FROM property AS "P", area AS "A"', {'property', 'area'}),
+        ('SELECT * FROM ONLY property', {'property'}),
+        ('SELECT * FROM t AS x (a, b) JOIN u ON true', {'t', 'u'}),
+        ('TABLE property', {'property'}),
+        ('SELECT now()', set()),
+        ('VALUES (1)', set()),
+        ('SHOW TABLES', set()),
+        ("SELECT 'from nowhere' AS s FROM t -- from comments\n", {'t'}),
+        ('/* from c */ SELECT x FROM `db`.`t`', {'t'}),
+        ("SELECT 'C:\\' AS path, id FROM property", {'property'}),
+        ("SELECT 'It\\'s' AS s, id FROM property", {'property'}),
+        ('WITH r AS (SELECT * FROM a) SELECT * FROM r', {'a', 'r'}),
+        ('(SELECT x FROM a) UNION (SELECT x FROM b)', {'a', 'b'}),
+        ('EXPLAIN SELECT * FROM t', {'t'}),
+        ("SELECT replace(a, 'x', 'y') FROM t", {'t'}),
+        ('SELECT * FROM (SELECT max(a) FROM b) x', {'b'}),
+        ('SELECT * FROM (SELECT a FROM b', {'b'}),
+        ('SELECT substring(x from 2) FROM t', {'t'}),
+        ('SELECT * FROM generate_series(1, 3) g, property p', {ANY_TABLE}),
+        ('SELECT * FROM property p JOIN lookup(p.id) l ON true', {ANY_TABLE}),
+    ],
+)  # fmt: skip
+def test_reads_and_their_tables(sql, tables):
+    assert analyse(sql) == (False, frozenset(tables))
+
+
+@pytest.mark.parametrize(
+    'sql, tables',
+    [
+        ('INSERT INTO property VALUES (1)', {'property'}),
+        ('INSERT INTO t (a, b) SELECT x, y FROM u', {'t'}),
+        ('insert ignore into t (a) values (1)', {'t'}),
+        ('REPLACE INTO t VALUES (1)', {'t'}),
+        ('UPDATE public.property SET rent = 1', {'property'}),
+        ('update only t set a = 1', {'t'}),
+        ('UPDATE property p, area a SET p.x = a.y', {'property', 'area'}),
+        ('UPDATE p SET x = 1 FROM property p', {'p', 'property'}),
+        ('DELETE FROM t WHERE id IN (SELECT id FROM other)', {'t'}),
+        ('DELETE FROM t USING u WHERE t.id = u.id', {'t', 'u'}),
+        ('DELETE FROM ONLY property', {'property'}),
+        ('TRUNCATE TABLE t', {'t'}),
+        ('truncate t', {'t'}),
+        ('TRUNCATE property, area', {'property', 'area'}),
+        ('TRUNCATE ONLY property', {'property'}),
+        ('MERGE INTO t USING s ON t.id = s.id WHEN MATCHED THEN '
+         'UPDATE SET a = 1 WHEN NOT MATCHED THEN INSERT VALUES (1)', {'t'}),
+        ('INSERT INTO t VALUES (1) ON CONFLICT (id) DO UPDATE SET a = 2',
+         {'t'}),
+        ('INSERT INTO t VALUES (1) ON DUPLICATE KEY UPDATE a = 2', {'t'}),
+        ('WITH gone AS (DELETE FROM t RETURNING *) '
+         'INSERT INTO log SELECT * FROM gone', {'t', 'log'}),
+        ('EXPLAIN ANALYZE DELETE FROM t', {'t'}),
+        ('SELECT * FROM t FOR UPDATE', set()),
+        ('SELECT * FROM t FOR NO KEY UPDATE NOWAIT', set()),
+        ('SELECT * FROM t FOR SHARE', set()),
+        ('SELECT * FROM t LOCK IN SHARE MODE', set()),
+    ],
+)  # fmt: skip
+def test_writes_and_their_tables(sql, tables):
+    assert analyse(sql) == (True, frozenset(tables))
+
+
+@pytest.mark.parametrize(
+    'sql',
+    ['CREATE TABLE t (a int)', 'DROP TABLE t', 'CALL refresh()',
+     'ALTER TABLE t ADD b int', 'GRANT SELECT ON t TO u', '',
+     'DELETE t FROM t JOIN u', 'SELECT * INTO backup FROM t',
+     'INSERT INTO', 'INSERT INTO :x', 'UPDATE', 'DELETE FROM',
+     'UPDATE f(1) SET a = 1', 'TRUNCATE'],
+)  # fmt: skip
+def test_writes_whose_tables_cannot_be_told(sql):
+    assert analyse(sql) == (True, None)
+
+
+def test_in_parameters():
+    sql = 'SELECT * FROM t WHERE id IN :ids AND x = ANY(:arr) AND y in:z'
+    assert in_parameters(sql) == {'ids'}
+    assert in_parameters("SELECT ':x' WHERE a IN (:b)") == set()
