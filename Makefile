@@ -6,7 +6,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 DEMO_INI := examples/accommodation/development.ini
 
-.PHONY: demo test lint format docs bench-cache clean
+.PHONY: demo test lint format docs bench-cache bench-fastpath clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -41,6 +41,9 @@ docs: $(VENV)/.testing
 
 bench-cache: $(VENV)/.testing
 	$(BIN)/python benchmarks/bench_cache.py
+
+bench-fastpath: $(VENV)/.testing
+	$(BIN)/python benchmarks/bench_fastpath.py --http
 
 clean:
 	rm -rf $(VENV) .coverage .pytest_cache .ruff_cache docs/_build

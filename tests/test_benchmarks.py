@@ -22,3 +22,35 @@ def test_bench_cache_runs_and_prints_its_ratios():
     assert 'SQLite query / our hit = ' in done.stdout
     if IN_CI:
         assert 'skipped' not in done.stdout
+
+
+def run_benchmark(*args):
+    done = subprocess.run(
+        [sys.executable, str(BENCHMARKS / 'bench_fastpath.py'), *args],
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert done.returncode == 0, done.stderr
+    return done.stdout
+
+
+def test_bench_fastpath_runs_in_process():
+    out = run_benchmark('--quick')
+    for name in (
+        'bare WSGI callable',
+        'fastpath filter',
+        'dbtune.fast_paths',
+        'URL-dispatch view',
+        'full stack',
+    ):
+        assert name in out
+    assert 'filter adds' in out and 'include-only costs' in out
+
+
+def test_bench_fastpath_runs_over_http():
+    # Installs wrk when missing, starts waitress and gunicorn on loopback.
+    out = run_benchmark('--quick', '--http')
+    assert 'Over HTTP' in out
+    assert 'waitress: filter within' in out
+    assert 'gunicorn: filter within' in out

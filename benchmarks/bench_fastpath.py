@@ -1,0 +1,265 @@
+"""What a two-byte OK costs, from a bare WSGI callable to the full stack.
+
+Side by side in one run, microseconds per request in process for:
+
+* ``bare``: a WSGI callable that only answers (the floor);
+* ``filter``: ``pyramid_dbtune.fastpath.wrap`` (the paste filter);
+* ``include``: ``dbtune.fast_paths`` in a Pyramid app with pyramid_retry
+  and pyramid_tm included;
+* ``view``: a Pyramid URL-dispatch view;
+* ``full``: pyramid_tm + pyramid_retry + traversal + a zope.sqlalchemy
+  session joined to the request's transaction.
+
+With ``--http``, requests per second through real servers (waitress and
+gunicorn) driven by ``wrk``, installed with apt-get when missing. Each
+figure is the best of several rounds, run in turn, so that other load on
+the machine spoils all of them alike.
+
+    .venv/bin/python benchmarks/bench_fastpath.py [--http] [--quick]
+
+Targets: the filter adds under 1 us in process and is within 5% of the bare
+callable over HTTP; the include-only form costs under 5 us in process.
+"""
+
+import argparse
+import io
+import os
+import re
+import shutil
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+from fastpath_apps import PATH, VARIANTS, make
+
+HERE = Path(__file__).parent
+NAMES = {
+    'bare': 'bare WSGI callable',
+    'filter': 'fastpath filter (wrap)',
+    'include': 'dbtune.fast_paths (include)',
+    'view': 'Pyramid URL-dispatch view',
+    'full': 'full stack (tm+retry+traversal+session)',
+}
+
+
+def environ_for(path):
+    return {
+        'REQUEST_METHOD': 'GET',
+        'PATH_INFO': path,
+        'SCRIPT_NAME': '',
+        'QUERY_STRING': '',
+        'SERVER_NAME': '127.0.0.1',
+        'SERVER_PORT': '80',
+        'SERVER_PROTOCOL': 'HTTP/1.1',
+        'HTTP_HOST': '127.0.0.1',
+        'wsgi.url_scheme': 'http',
+        'wsgi.input': io.BytesIO(),
+        'wsgi.errors': sys.stderr,
+        'wsgi.version': (1, 0),
+        'wsgi.multithread': True,
+        'wsgi.multiprocess': False,
+        'wsgi.run_once': False,
+    }
+
+
+def start_response(status, headers, exc_info=None):
+    if not status.startswith('200'):
+        raise AssertionError(status)
+
+
+def per_request(app, calls):
+    """Seconds per request, environ copy included (the same for all)."""
+    template = environ_for(PATH)
+    start = time.perf_counter()
+    for _ in range(calls):
+        body = app(dict(template), start_response)
+        b''.join(body)
+        if hasattr(body, 'close'):
+            body.close()
+    return (time.perf_counter() - start) / calls
+
+
+def in_process(calls, rounds):
+    apps = {name: make(name) for name in VARIANTS}
+    for app in apps.values():
+        assert b''.join(app(environ_for(PATH), start_response)) == b'OK'
+    best = dict.fromkeys(VARIANTS, float('inf'))
+    for _ in range(rounds):
+        for name, app in apps.items():
+            best[name] = min(best[name], per_request(app, calls))
+    return best
+
+
+def free_port():
+    with socket.socket() as s:
+        s.bind(('127.0.0.1', 0))
+        return s.getsockname()[1]
+
+
+def ensure_wrk():
+    if shutil.which('wrk'):
+        return shutil.which('wrk')
+    print('wrk is missing: installing it with apt-get', file=sys.stderr)
+    for command in (
+        ['apt-get', 'update', '-qq'],
+        ['apt-get', 'install', '-y', '-qq', 'wrk'],
+    ):
+        subprocess.run(command, check=True, stdout=subprocess.DEVNULL)
+    return shutil.which('wrk')
+
+
+def serve(server, variant, port):
+    env = {**os.environ, 'DBTUNE_BENCH_VARIANT': variant}
+    env['PYTHONPATH'] = os.pathsep.join(
+        filter(None, [str(HERE), env.get('PYTHONPATH')])
+    )
+    bindir = Path(sys.executable).parent
+    if server == 'waitress':
+        command = [
+            str(bindir / 'waitress-serve'),
+            f'--listen=127.0.0.1:{port}',
+            '--threads=4',
+            '--call',
+            'fastpath_apps:app_factory',
+        ]
+    else:
+        command = [
+            str(bindir / 'gunicorn'),
+            '--bind',
+            f'127.0.0.1:{port}',
+            '--workers',
+            '1',
+            '--worker-class',
+            'gthread',
+            '--threads',
+            '4',
+            '--log-level',
+            'warning',
+            'fastpath_apps:app_factory()',
+        ]
+    # A file, not a pipe: waitress logs its queue depth under load, and a
+    # pipe nobody reads fills up and stalls the server.
+    log = tempfile.TemporaryFile()  # noqa: SIM115 (lives with the server)
+    process = subprocess.Popen(
+        command, env=env, stdout=subprocess.DEVNULL, stderr=log
+    )
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:
+        try:
+            with socket.create_connection(('127.0.0.1', port), timeout=1):
+                return process
+        except OSError:
+            if process.poll() is not None:
+                log.seek(0)
+                raise RuntimeError(log.read().decode()) from None
+            time.sleep(0.1)
+    process.kill()
+    raise RuntimeError(f'{server} did not start on port {port}')
+
+
+def requests_per_second(wrk, port, seconds):
+    done = subprocess.run(
+        [
+            wrk,
+            '-t2',
+            '-c16',
+            f'-d{seconds}s',
+            f'http://127.0.0.1:{port}{PATH}',
+        ],
+        capture_output=True,
+        text=True,
+        check=True,
+        timeout=seconds + 30,
+    )
+    if 'Non-2xx' in done.stdout:
+        raise AssertionError(done.stdout)
+    return float(re.search(r'Requests/sec:\s+([\d.]+)', done.stdout)[1])
+
+
+def over_http(seconds, rounds):
+    wrk = ensure_wrk()
+    results = {}
+    for server in ('waitress', 'gunicorn'):
+        best = dict.fromkeys(VARIANTS, 0.0)
+        running = {}
+        try:
+            for variant in VARIANTS:
+                port = free_port()
+                running[variant] = (serve(server, variant, port), port)
+            for _ in range(rounds):
+                for variant, (_, port) in running.items():
+                    best[variant] = max(
+                        best[variant], requests_per_second(wrk, port, seconds)
+                    )
+        finally:
+            for process, _ in running.values():
+                process.terminate()
+                process.wait(10)
+        results[server] = best
+    return results
+
+
+def report_in_process(best):
+    bare = best['bare']
+    print(f'In process, best of rounds ({PATH} -> OK):')
+    print(f'{"what":42} {"us/req":>8} {"x bare":>7} {"+us":>7}')
+    for name in VARIANTS:
+        seconds = best[name]
+        print(
+            f'{NAMES[name]:42} {seconds * 1e6:8.2f} {seconds / bare:7.2f} '
+            f'{(seconds - bare) * 1e6:7.2f}'
+        )
+    added = (best['filter'] - bare) * 1e6
+    include = best['include'] * 1e6
+    print(
+        f'\nfilter adds {added:.2f} us (target < 1: '
+        f'{"met" if added < 1 else "NOT met"}); include-only costs '
+        f'{include:.2f} us (target < 5: {"met" if include < 5 else "NOT met"})'
+    )
+    print(
+        f'full stack / include-only = {best["full"] / best["include"]:.1f}; '
+        f'full stack / bare = {best["full"] / bare:.1f}'
+    )
+
+
+def report_http(results):
+    print('\nOver HTTP (wrk -t2 -c16), requests per second, best of rounds:')
+    print(f'{"what":42} ' + ' '.join(f'{s:>18}' for s in results))
+    for name in VARIANTS:
+        cells = ' '.join(
+            f'{r[name]:10.0f} ({r[name] / r["bare"]:5.2f})'
+            for r in results.values()
+        )
+        print(f'{NAMES[name]:42} {cells}')
+    for server, r in results.items():
+        gap = 1 - r['filter'] / r['bare']
+        print(
+            f'{server}: filter within {gap * 100:.1f}% of bare (target 5%: '
+            f'{"met" if gap <= 0.05 else "NOT met"})'
+        )
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument(
+        '--http',
+        action='store_true',
+        help='also through waitress and gunicorn, with wrk',
+    )
+    parser.add_argument(
+        '--quick', action='store_true', help='few calls: checks it runs'
+    )
+    args = parser.parse_args(argv)
+    calls, rounds = (200, 2) if args.quick else (20000, 7)
+    report_in_process(in_process(calls, rounds))
+    if args.http:
+        seconds, http_rounds = (1, 1) if args.quick else (3, 3)
+        report_http(over_http(seconds, http_rounds))
+    return 0
+
+
+if __name__ == '__main__':
+    sys.exit(main())
