@@ -26,52 +26,54 @@ IN_CI = os.environ.get('CI', '').lower() in ('1', 'true', 'yes')
 
 
 def server_missing(what, exc):
-    message = f'{what} is not reachable: {exc}'
+    message = f'the database server {what} is not reachable: {exc}'
     if IN_CI:
         pytest.fail(f'{message} (CI=true: a missing server fails the run)')
     pytest.skip(message)
 
 
-def _postgresql_schema():
-    """A URL for a new, empty PostgreSQL schema, and its cleanup."""
-    schema = f'dbtune_{uuid.uuid4().hex[:12]}'
-    admin = sa.create_engine(POSTGRESQL_URL)
+def _scratch(server_url, create, drop, url_for):
+    """Create a uniquely named schema or database on a server.
+
+    Returns its URL and a function that drops it. ``create`` and ``drop``
+    are SQL with ``{}`` for the name; ``url_for(url, name)`` makes the URL.
+    """
+    name = f'dbtune_{uuid.uuid4().hex[:12]}'
+    admin = sa.create_engine(server_url)
     try:
         with admin.begin() as connection:
-            connection.execute(sa.text(f'CREATE SCHEMA {schema}'))
+            connection.execute(sa.text(create.format(name)))
     except sa.exc.OperationalError as exc:
         admin.dispose()
-        server_missing(f'PostgreSQL at {POSTGRESQL_URL}', exc)
-    url = sa.engine.make_url(POSTGRESQL_URL).update_query_dict(
-        {'options': f'-csearch_path={schema}'}
-    )
+        server_missing(server_url, exc)
 
-    def drop():
+    def cleanup():
         with admin.begin() as connection:
-            connection.execute(sa.text(f'DROP SCHEMA {schema} CASCADE'))
+            connection.execute(sa.text(drop.format(name)))
         admin.dispose()
 
-    return url.render_as_string(hide_password=False), drop
+    url = url_for(sa.engine.make_url(server_url), name)
+    return url.render_as_string(hide_password=False), cleanup
+
+
+def _postgresql_schema():
+    return _scratch(
+        POSTGRESQL_URL,
+        'CREATE SCHEMA {}',
+        'DROP SCHEMA {} CASCADE',
+        lambda url, name: url.update_query_dict(
+            {'options': f'-csearch_path={name}'}
+        ),
+    )
 
 
 def _mysql_database():
-    """A URL for a new, empty MySQL or MariaDB database, and its cleanup."""
-    name = f'dbtune_{uuid.uuid4().hex[:12]}'
-    admin = sa.create_engine(MYSQL_URL)
-    try:
-        with admin.begin() as connection:
-            connection.execute(sa.text(f'CREATE DATABASE {name}'))
-    except sa.exc.OperationalError as exc:
-        admin.dispose()
-        server_missing(f'MySQL or MariaDB at {MYSQL_URL}', exc)
-    url = sa.engine.make_url(MYSQL_URL).set(database=name)
-
-    def drop():
-        with admin.begin() as connection:
-            connection.execute(sa.text(f'DROP DATABASE {name}'))
-        admin.dispose()
-
-    return url.render_as_string(hide_password=False), drop
+    return _scratch(
+        MYSQL_URL,
+        'CREATE DATABASE {}',
+        'DROP DATABASE {}',
+        lambda url, name: url.set(database=name),
+    )
 
 
 @pytest.fixture(params=['sqlite', 'postgresql', 'mysql'])
