@@ -150,7 +150,7 @@ def main(argv=None):
         results['sqlite'] = best_per_call(
             lambda: uncached(**PARAMS), queries, rounds
         )
-        runtime.database.dispose()
+        runtime.router.dispose()
 
     url, drop = postgresql_url()
     if url is None:
@@ -165,7 +165,7 @@ def main(argv=None):
             results['postgresql'] = best_per_call(
                 lambda: uncached(**PARAMS), queries, rounds
             )
-            runtime.database.dispose()
+            runtime.router.dispose()
         finally:
             transaction.manager.abort()
             drop()

@@ -4,6 +4,7 @@ Under ``CI=true`` a database server that cannot be reached fails the test;
 elsewhere the test is skipped with the reason.
 """
 
+import functools
 import os
 import threading
 import time
@@ -199,7 +200,7 @@ def apps():
 
     yield factory
     for app in made:
-        app.app.registry.dbtune.database.dispose()
+        app.app.registry.dbtune.router.dispose()
 
 
 def call(app, *calls, fail=False, status=200):
@@ -212,35 +213,53 @@ def call(app, *calls, fail=False, status=200):
 
 
 class QueryLog:
-    """The statements an engine ran, from SQLAlchemy's cursor events."""
+    """The statements a router's engines ran, from SQLAlchemy's cursor
+    events: ``(engine name, statement)``."""
 
-    def __init__(self, engine):
+    def __init__(self, router):
         self.statements = []
+        self.engines = []
         self._lock = threading.Lock()
-        sa.event.listen(engine, 'before_cursor_execute', self._record)
+        for name, engine in [('writer', router.writer)] + [
+            (f'reader{i}', r.engine) for i, r in enumerate(router.readers)
+        ]:
+            sa.event.listen(
+                engine,
+                'before_cursor_execute',
+                functools.partial(self._record, name),
+            )
 
-    def _record(self, conn, cursor, statement, *args):
+    def _record(self, name, conn, cursor, statement, *args):
         with self._lock:
             self.statements.append(statement)
+            self.engines.append(name)
 
-    def count(self, fragment):
-        return sum(fragment in s for s in self.statements)
+    def count(self, fragment, engine=None):
+        return sum(
+            fragment in s and engine in (None, e)
+            for e, s in zip(self.engines, self.statements, strict=True)
+        )
 
 
 def query_log(app):
-    return QueryLog(app.app.registry.dbtune.database.engine)
+    return QueryLog(app.app.registry.dbtune.router)
 
 
-def add_sleep_function(engine):
+def add_sleep_function(router):
     """Give SQLite a ``sleep(seconds)`` SQL function, as pg_sleep is."""
 
     def sleep(seconds):
         time.sleep(seconds)
         return 0
 
-    @sa.event.listens_for(engine, 'connect')
-    def connect(dbapi_connection, record):
-        dbapi_connection.create_function('sleep', 1, sleep)
+    for engine in router.engines():
+        sa.event.listen(
+            engine,
+            'connect',
+            lambda dbapi_connection, record: dbapi_connection.create_function(
+                'sleep', 1, sleep
+            ),
+        )
 
 
 @pytest.fixture(autouse=True)

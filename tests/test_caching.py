@@ -128,7 +128,7 @@ def test_threads_missing_one_key_run_one_query(db_url, apps, threads):
     }
     app = apps(db_url, [slow])
     if db_url.startswith('sqlite'):
-        add_sleep_function(app.app.registry.dbtune.database.engine)
+        add_sleep_function(app.app.registry.dbtune.router)
     log = query_log(app)
     barrier = threading.Barrier(threads)
     answers, errors = [], []
@@ -219,7 +219,7 @@ def test_read_after_write_sees_it_and_is_not_cached(db_url, apps):
 def test_commit_that_fails_invalidates_nothing(postgresql_url, apps):
     book = {'name': 'book', 'sql': 'INSERT INTO booking VALUES (:id)'}
     app = apps(postgresql_url, [SEARCH, SET_RENT, book])
-    with app.app.registry.dbtune.database.engine.begin() as connection:
+    with app.app.registry.dbtune.router.writer.begin() as connection:
         connection.exec_driver_sql(
             'CREATE TABLE booking (property_id INTEGER REFERENCES '
             'property (id) DEFERRABLE INITIALLY DEFERRED)'

@@ -27,8 +27,8 @@ def runtimes():
     made = []
     yield made
     for runtime in made:
-        if runtime.database is not None:
-            runtime.database.dispose()
+        if runtime.router is not None:
+            runtime.router.dispose()
 
 
 def commit(config, runtimes):
@@ -84,7 +84,7 @@ def test_method_without_a_database_is_a_clear_error():
 def test_include_without_methods_needs_no_database():
     config = configure()
     config.commit()
-    assert config.registry.dbtune.database is None
+    assert config.registry.dbtune.router is None
 
 
 def test_cache_time_override_must_name_a_method(sqlite_url, runtimes):
@@ -145,7 +145,7 @@ def test_sql_directory_errors(tmp_path, sqlite_url):
     (tmp_path / 'bad.sql').write_text('-- max_rows: x\nSELECT 1')
     with pytest.raises(ConfigurationError, match='bad.sql:1: max_rows'):
         config.add_sql_methods(str(tmp_path))
-    config.registry.dbtune.database.dispose()
+    config.registry.dbtune.router.dispose()
 
 
 def test_request_sql_errors(sqlite_url, apps):
@@ -211,7 +211,9 @@ def test_write_outside_a_transaction_is_a_clear_error(sqlite_url, apps):
     app = apps(sqlite_url, [method])
     request = prepare(registry=app.app.registry)['request']
     request.tm = transaction.TransactionManager(explicit=True)
-    with pytest.raises(RuntimeError, match='up\\(\\) needs an active'):
+    with pytest.raises(
+        RuntimeError, match='up\\(\\) writes, but request.tm has no'
+    ):
         request.sql.up()
 
 

@@ -20,7 +20,7 @@ def demo(tmp_path):
         },
     )
     yield TestApp(app)
-    app.registry.dbtune.database.dispose()
+    app.registry.dbtune.router.dispose()
 
 
 def test_first_start_seeds_the_database(demo, tmp_path):

@@ -269,7 +269,7 @@ def test_deep_check_pings_the_database_and_reuses_its_answer(sqlite_url):
     for _ in range(20):
         app.get('/healthz')
     assert log.count('SELECT 1') == 1
-    app.app.registry.dbtune.database.dispose()
+    app.app.registry.dbtune.router.dispose()
 
 
 def test_deep_check_reports_a_refusing_database_as_503():

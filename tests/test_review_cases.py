@@ -43,7 +43,7 @@ END $$ LANGUAGE plpgsql
 def with_function(postgresql_url, apps):
     def make(methods):
         app = apps(postgresql_url, methods)
-        engine = app.app.registry.dbtune.database.engine
+        engine = app.app.registry.dbtune.router.writer
         with engine.begin() as connection:
             connection.exec_driver_sql(FUNCTION)
         return app

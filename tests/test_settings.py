@@ -100,3 +100,39 @@ def test_unknown_setting_without_a_close_match():
 
 def test_other_prefixes_are_not_ours():
     assert parse({'sqlalchemy.pool_size': '5', 'tm.attempts': '3'})
+
+
+def test_routing_settings():
+    settings = parse(
+        {
+            'dbtune.read_urls': 'sqlite:///a.sqlite\n  sqlite:///b.sqlite',
+            'dbtune.read_pool_size': '4',
+            'dbtune.write_concurrency': '2',
+            'dbtune.write_timeout': '0.5',
+            'dbtune.pin_after_write': '3',
+        }
+    )
+    assert settings.read_urls == ('sqlite:///a.sqlite', 'sqlite:///b.sqlite')
+    assert (settings.read_pool_size, settings.write_concurrency) == (4, 2)
+    assert (settings.write_timeout, settings.pin_after_write) == (0.5, 3)
+    assert parse({'dbtune.read_urls': ['sqlite://']}).read_urls == (
+        'sqlite://',
+    )
+
+
+@pytest.mark.parametrize(
+    'key, value, accepted',
+    [
+        ('dbtune.read_urls', [], 'one or more database URLs'),
+        ('dbtune.read_urls', 'sqlite:// nope', 'a database URL'),
+        ('dbtune.read_pool_size', '0', 'a whole number above 0'),
+        ('dbtune.write_concurrency', '-1', 'a whole number above 0'),
+        ('dbtune.write_timeout', '0', 'a number of seconds above 0'),
+        ('dbtune.write_timeout', 'soon', 'a number of seconds above 0'),
+        ('dbtune.pin_after_write', '-5', 'a number of seconds, 0 or more'),
+    ],
+)
+def test_bad_routing_settings(key, value, accepted):
+    with pytest.raises(ConfigurationError) as info:
+        parse({key: value})
+    assert accepted in str(info.value) and key in str(info.value)

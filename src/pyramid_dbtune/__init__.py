@@ -12,13 +12,10 @@ from pyramid.path import AssetResolver
 from . import fastpath
 from . import settings as _settings
 from .cache import make_cache
-from .routing import (
-    Database,
-    RequestContext,
-    SQLNamespace,
-    WriteInReadError,
-)
+from .errors import WriteInReadError, WriteSlotTimeout
+from .routing import RequestContext, Router, SQLNamespace
 from .rows import Record, Rows
+from .session import RoutingSession, dbsession
 from .sqlmethod import SQLFileError, SQLMethod, load_sql_file
 
 __all__ = [
@@ -26,24 +23,27 @@ __all__ = [
     'Record',
     'Rows',
     'SQLFileError',
+    'RoutingSession',
     'SQLMethod',
     'WriteInReadError',
+    'WriteSlotTimeout',
     'includeme',
 ]
 
 
 class DBTune:
-    """``registry.dbtune``: the application's settings, database and cache.
+    """``registry.dbtune``: the application's settings, engines and cache.
 
     ``settings`` is the parsed :class:`~pyramid_dbtune.settings.Settings`;
-    ``database`` runs the statements (``None`` until a URL is set);
-    ``cache`` holds the results; ``methods`` maps each SQL method's name to
-    ``(method, cache_time, cache_key)`` once registered.
+    ``router`` holds the writer and reader engines and the write slots
+    (``None`` until a URL is set); ``cache`` holds the results; ``methods``
+    maps each SQL method's name to ``(method, cache_time, cache_key)`` once
+    registered.
     """
 
     def __init__(self, settings):
         self.settings = settings
-        self.database = Database(settings.url) if settings.url else None
+        self.router = Router(settings) if settings.url else None
         self.cache = make_cache(settings)
         self.methods = {}
 
@@ -56,13 +56,13 @@ class DBTune:
         return method.cache_time
 
     def register(self, method):
-        if self.database is None:
+        if self.router is None:
             raise ConfigurationError(
                 f'SQL method {method.name!r} needs a database: set '
                 'dbtune.url (or sqlalchemy.url)'
             )
         key = '\0'.join(
-            [method.name, str(method.max_rows), self.database.key, method.sql]
+            [method.name, str(method.max_rows), self.router.key, method.sql]
         )
         self.methods[method.name] = (method, self.cache_time(method), key)
 
@@ -130,7 +130,8 @@ def includeme(config):
     """Set up pyramid_dbtune: parse the settings, add directives.
 
     Adds ``config.add_sql_method`` and ``config.add_sql_methods``,
-    ``request.sql`` and ``request.dbtune``, and includes pyramid_tm. With
+    ``request.sql``, ``request.dbsession`` and ``request.dbtune``, and
+    includes pyramid_tm. With
     ``dbtune.fast_paths`` set, answers those paths before Pyramid builds a
     request (:mod:`pyramid_dbtune.fastpath`).
     """
@@ -141,6 +142,7 @@ def includeme(config):
     config.add_directive('add_sql_methods', add_sql_methods)
     config.add_request_method(RequestContext, 'dbtune', reify=True)
     config.add_request_method(SQLNamespace, 'sql', reify=True)
+    config.add_request_method(dbsession, 'dbsession', reify=True)
     if parsed.fast_paths:
         fastpath.install(config, parsed.fast_paths)
     # After every other action: overrides may only name registered methods.

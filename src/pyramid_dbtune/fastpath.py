@@ -267,8 +267,8 @@ def _ping(runtime, health, future):
     # The in-process cache cannot be down; a shared cache will be pinged
     # here too when there is one.
     try:
-        if runtime.database is not None:
-            with runtime.database.engine.connect() as connection:
+        if runtime.router is not None:
+            with runtime.router.writer.connect() as connection:
                 connection.execute(select(literal_column('1')))
         result = ('200 OK', 'OK')
     except Exception as exc:

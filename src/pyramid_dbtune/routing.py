@@ -1,26 +1,55 @@
-"""Where each SQL method call runs: the cache, a reader, or the writer.
+"""Where each unit of work runs: the cache, a reader, or the writer.
 
 Routing is by unit of work, not by statement. While a request's
-transaction has not written, a read runs on a connection of its own,
-through the cache when the method has a ``cache_time``. A write runs in
-the request's writing session, which joins ``request.tm`` through
-zope.sqlalchemy; from then until the transaction ends, every read of the
-request runs in that session too (it sees its own writes) and is neither
-served from nor stored in the cache. After a commit, the cached results of
-the tables written are invalidated; an abort invalidates nothing.
+transaction has not written, its reads run on a reader (a replica, or the
+writer's database through a pool of its own), read-only, through the cache
+when the method has a ``cache_time``. Its first write takes a **write
+slot** (``dbtune.write_concurrency`` per process), held until the
+transaction ends, and runs in the request's session on the writer, which
+joins ``request.tm`` through zope.sqlalchemy. From then on every read of
+the request runs there too: it sees its own writes, and is neither served
+from nor stored in the cache. After a commit the cached results of the
+tables written are invalidated; an abort invalidates nothing.
 """
 
-from time import perf_counter
+import logging
+import os
+import threading
+import time
+import weakref
+from time import monotonic, perf_counter
 
 import transaction.interfaces
-from sqlalchemy import create_engine
+from sqlalchemy import create_engine, event
 from sqlalchemy.engine import make_url
 from sqlalchemy.exc import DBAPIError
-from sqlalchemy.orm import Session
-from zope.sqlalchemy import mark_changed, register
+from zope.sqlalchemy import mark_changed
 
 from .cache import HIT, MISS, STALE, WAITED
+from .errors import (
+    WriteInReadError,
+    WriteSlotTimeout,
+    is_read_only_refusal,
+    mark_retryable,
+)
 from .rows import Rows
+
+log = logging.getLogger(__name__)
+
+#: How a read's connection is made read-only, and made writable again
+#: after, by dialect. PostgreSQL's driver does it by an execution option.
+#: SET TRANSACTION applies to the transaction the read is about to begin.
+_READ_ONLY = {
+    'sqlite': ('PRAGMA query_only = ON', 'PRAGMA query_only = OFF'),
+    'mysql': ('SET TRANSACTION READ ONLY', None),
+    'mariadb': ('SET TRANSACTION READ ONLY', None),
+    'oracle': ('SET TRANSACTION READ ONLY', None),
+}
+#: A reader that failed is left alone this long, doubling to the maximum.
+FIRST_BACKOFF = 1.0
+MAX_BACKOFF = 60.0
+#: The name of the cookie that pins a client to the writer after a write.
+PIN_COOKIE = 'dbtune_pin'
 
 
 def fetch(result, max_rows):
@@ -39,42 +68,130 @@ def fetch(result, max_rows):
     return Rows(columns, data, truncated=truncated)
 
 
-#: How a read's connection is made read-only, and made writable again
-#: after, by dialect. PostgreSQL's driver does it by an execution option.
-#: SET TRANSACTION applies to the transaction the read is about to begin.
-_READ_ONLY = {
-    'sqlite': ('PRAGMA query_only = ON', 'PRAGMA query_only = OFF'),
-    'mysql': ('SET TRANSACTION READ ONLY', None),
-    'mariadb': ('SET TRANSACTION READ ONLY', None),
-    'oracle': ('SET TRANSACTION READ ONLY', None),
-}
-#: What each refuses a write in a read-only transaction with: PostgreSQL's
-#: SQLSTATE, MySQL's and MariaDB's error number, Oracle's ORA- number.
-_READ_ONLY_SQLSTATE = '25006'
-_READ_ONLY_ERRNO = frozenset([1792, 1456])
+def make_engine(url, **kw):
+    engine = create_engine(url, **kw)
+    event.listen(engine, 'handle_error', mark_retryable)
+    return engine
 
 
-class Database:
-    """The engine that SQL methods run on, and its identity for cache keys.
+class Reader:
+    """One read engine, its load, and whether it is taken out."""
 
-    One engine, from ``dbtune.url`` (or ``sqlalchemy.url``), serves reads
-    and writes.
+    def __init__(self, engine):
+        self.engine = engine
+        self.name = engine.url.render_as_string(hide_password=True)
+        self.in_flight = 0
+        self.down_until = 0.0
+        self.backoff = 0.0
+
+
+class Router:
+    """The engines: one writer, one or more readers; the write slots.
+
+    ``failovers`` counts the reads that went to the writer because their
+    reader was down; ``write_waits`` and ``write_wait_seconds`` count the
+    writes that had to wait for a slot, and how long they waited.
     """
 
-    def __init__(self, url):
-        self.engine = create_engine(url)
-        # Cache keys name the database read, never its password.
-        self.key = make_url(url).render_as_string(hide_password=True)
-        self.dialect = self.engine.dialect.name
+    def __init__(self, settings):
+        self.settings = settings
+        self.writer = make_engine(settings.url)
+        # Cache keys name the database read, never its password; replicas
+        # hold the writer's data, so the writer names them all.
+        self.key = make_url(settings.url).render_as_string(hide_password=True)
+        urls = settings.read_urls or (settings.url,)
+        self.readers = [
+            Reader(make_engine(url, pool_size=settings.read_pool_size))
+            for url in urls
+        ]
+        self.replicas = settings.read_urls is not None
+        self.dialect = self.writer.dialect.name
         self._read_only, self._writable = _READ_ONLY.get(
             self.dialect, (None, None)
         )
+        self.failovers = 0
+        self.write_waits = 0
+        self.write_wait_seconds = 0.0
+        self._recent = {}
+        self._reset_locks()
+        _routers.add(self)
 
-    def read(self, statement, params, max_rows):
-        """Run a read on a connection of its own, read-only: a statement
-        taken for a read that writes fails, rather than being rolled back
-        unseen."""
-        with self.engine.connect() as connection:
+    def _reset_locks(self):
+        self._lock = threading.Lock()
+        self.write_slots = threading.BoundedSemaphore(
+            self.settings.write_concurrency
+        )
+
+    def after_fork(self):
+        """In a forked child: drop the parent's connections unclosed (they
+        are the parent's) and make the locks anew."""
+        for engine in self.engines():
+            engine.dispose(close=False)
+        self._reset_locks()
+
+    def engines(self):
+        return [self.writer] + [r.engine for r in self.readers]
+
+    def dispose(self):
+        for engine in self.engines():
+            engine.dispose()
+
+    # Reads
+
+    def pick(self):
+        """The reader with the fewest reads in flight, or None if all are
+        down (then the writer serves)."""
+        now = monotonic()
+        with self._lock:
+            up = [r for r in self.readers if r.down_until <= now]
+            if not up:
+                return None
+            reader = min(up, key=lambda r: r.in_flight)
+            reader.in_flight += 1
+            return reader
+
+    def read(self, statement, params, max_rows, tables=(), writer=False):
+        """Run a read, read-only, on a reader; on the writer when ``writer``
+        is true, when ``tables`` were written within the replicas' lag
+        window, or when no reader is up."""
+        if not writer and self._recently_written(tables):
+            writer = True
+        reader = None if writer else self.pick()
+        if reader is None:
+            if not writer:
+                self.failovers += 1
+            return self._read_on(self.writer, statement, params, max_rows)
+        try:
+            try:
+                connection = reader.engine.connect()
+            except DBAPIError as exc:
+                failed = exc  # refused, unreachable, out of connections
+            else:
+                try:
+                    rows = self._read_with(
+                        connection, statement, params, max_rows
+                    )
+                except DBAPIError as exc:
+                    if not exc.connection_invalidated:
+                        raise  # the statement's fault, not the reader's
+                    failed = exc  # the reader went away mid-read
+                else:
+                    self._up(reader)
+                    return rows
+        finally:
+            with self._lock:
+                reader.in_flight -= 1
+        self._down(reader, failed)
+        self.failovers += 1
+        return self._read_on(self.writer, statement, params, max_rows)
+
+    def _read_on(self, engine, statement, params, max_rows):
+        return self._read_with(engine.connect(), statement, params, max_rows)
+
+    def _read_with(self, connection, statement, params, max_rows):
+        # Read-only: a statement taken for a read that writes then fails,
+        # rather than being rolled back unseen.
+        with connection:
             if self.dialect == 'postgresql':
                 connection.execution_options(postgresql_readonly=True)
             if self._read_only:
@@ -85,61 +202,201 @@ class Database:
                 if self._writable:
                     connection.exec_driver_sql(self._writable)
 
-    def dispose(self):
-        self.engine.dispose()
+    def _down(self, reader, exc):
+        with self._lock:
+            was_up = reader.backoff == 0
+            reader.backoff = min(
+                MAX_BACKOFF, max(FIRST_BACKOFF, reader.backoff * 2)
+            )
+            reader.down_until = monotonic() + reader.backoff
+        if was_up:
+            log.warning(
+                'read database %s is down, its reads go to the writer: %s',
+                reader.name,
+                exc.orig,
+            )
+
+    def _up(self, reader):
+        if reader.backoff:
+            with self._lock:
+                reader.backoff = 0.0
+                reader.down_until = 0.0
+            log.warning('read database %s is back', reader.name)
+
+    def reader_engine(self):
+        """An engine for a session's reads: the least busy reader that is
+        up (counted as one read in flight while picked), or the writer."""
+        reader = self.pick()
+        if reader is None:
+            return self.writer
+        with self._lock:
+            reader.in_flight -= 1
+        return reader.engine
+
+    # Replica lag
+
+    def wrote(self, tables):
+        """Note a committed write: with replicas and
+        ``dbtune.pin_after_write``, reads of these tables go to the writer
+        for that long, so that no cache is filled from a replica that has
+        not caught up."""
+        if not (self.replicas and self.settings.pin_after_write):
+            return
+        until = monotonic() + self.settings.pin_after_write
+        with self._lock:
+            for table in tables:
+                self._recent[table] = until
+
+    def _recently_written(self, tables):
+        if not self._recent:
+            return False
+        now = monotonic()
+        with self._lock:
+            for table, until in list(self._recent.items()):
+                if until <= now:
+                    del self._recent[table]
+            return not self._recent.keys().isdisjoint(tables)
+
+    # Writes
+
+    def acquire_write_slot(self):
+        """Wait for a write slot; raise :class:`WriteSlotTimeout` after
+        ``dbtune.write_timeout`` seconds. Returns the seconds waited."""
+        if self.write_slots.acquire(blocking=False):
+            return 0.0
+        start = perf_counter()
+        got = self.write_slots.acquire(timeout=self.settings.write_timeout)
+        waited = perf_counter() - start
+        with self._lock:
+            self.write_waits += 1
+            self.write_wait_seconds += waited
+        if not got:
+            raise WriteSlotTimeout(
+                self.settings.write_timeout, self.settings.write_concurrency
+            )
+        return waited
+
+
+# Nothing opened before a fork is used after it (gunicorn --preload): the
+# child drops the parent's pooled connections without closing them (they
+# are the parent's), and makes its locks anew (another thread of the
+# parent may have held one at the fork).
+_routers = weakref.WeakSet()
+
+
+def _after_fork():  # pragma: no cover (runs in a forked child)
+    for router in list(_routers):
+        router.after_fork()
+
+
+os.register_at_fork(after_in_child=_after_fork)
 
 
 class UnitOfWork:
-    """The writing side of one request: its session and what it wrote."""
+    """The writing side of one request: its write slot, what it wrote, and
+    whether the client is pinned to the writer."""
 
-    def __init__(self, request, database, cache):
+    def __init__(self, request, router, cache):
         self.request = request
-        self.database = database
+        self.router = router
         self.cache = cache
         #: True from the first write until its transaction ends.
         self.dirty = False
-        self._session = None
+        #: True when reads must go to the writer (pinned after a write).
+        self.pinned = False
+        self.write_wait = 0.0
+        self._slot = False
         self._tables = set()
         self._all_tables = False
+        self._committed_writes = False
+        if router.replicas and router.settings.pin_after_write:
+            pin = request.cookies.get(PIN_COOKIE, '')
+            self.pinned = pin.isdigit() and int(pin) > time.time()
+
+    @property
+    def session(self):
+        return self.request.dbsession
+
+    def begin_write(self, tables, what):
+        """Note a write of ``tables`` (``None``: unknown) in the current
+        transaction, taking a write slot if this is its first write."""
+        if not self.dirty:
+            try:
+                txn = self.request.tm.get()
+            except transaction.interfaces.NoTransaction:
+                raise RuntimeError(
+                    f'{what} writes, but request.tm has no active '
+                    'transaction (is pyramid_tm active for this request?)'
+                ) from None
+            self.write_wait += self.router.acquire_write_slot()
+            self._slot = True
+            self.dirty = True
+            txn.addAfterCommitHook(self._after_commit)
+            txn.addAfterAbortHook(self._finish)
+            self.request.add_finished_callback(self._release_at_the_end)
+        if tables is None:
+            self._all_tables = True
+        else:
+            self._tables.update(tables)
 
     def execute(self, method, statement, params):
-        """Run ``statement`` in the request's transaction."""
-        tm = self.request.tm
-        try:
-            txn = tm.get()
-        except transaction.interfaces.NoTransaction:
-            raise RuntimeError(
-                f'SQL method {method.name}() needs an active transaction, '
-                'and request.tm has none (is pyramid_tm active for this '
-                'request?)'
-            ) from None
-        if self._session is None:
-            self._session = Session(bind=self.database.engine)
-            register(self._session, transaction_manager=tm)
-        result = self._session.execute(statement, params)
+        """Run a SQL method's statement in the request's transaction."""
         if method.writes:
-            # Text DML is invisible to zope.sqlalchemy: without this the
-            # transaction would be rolled back at commit time.
-            mark_changed(self._session, transaction_manager=tm)
-            if not self.dirty:
-                self.dirty = True
-                txn.addAfterCommitHook(self._after_commit)
-                txn.addAfterAbortHook(self._finish)
-            if method.tables is None:
-                self._all_tables = True
-            else:
-                self._tables.update(method.tables)
+            self.begin_write(method.tables, f'SQL method {method.name}()')
+        session = self.session
+        result = session.execute(
+            statement, params, execution_options={'dbtune_routed': True}
+        )
+        if method.writes:
+            self.session_wrote(session)
         return fetch(result, method.max_rows)
+
+    def session_wrote(self, session):
+        # Text DML is invisible to zope.sqlalchemy: without this the
+        # transaction would be rolled back at commit time.
+        mark_changed(session, transaction_manager=self.request.tm)
 
     def _after_commit(self, committed):
         if committed:
-            self.cache.invalidate(None if self._all_tables else self._tables)
+            tables = None if self._all_tables else self._tables
+            self.cache.invalidate(tables)
+            if tables is not None:
+                self.router.wrote(tables)
+            self._pin()
         self._finish()
+
+    def _pin(self):
+        seconds = self.router.settings.pin_after_write
+        if not (self.router.replicas and seconds):
+            return
+        if not self._committed_writes:
+            self._committed_writes = True
+            self.request.add_response_callback(
+                lambda request, response: response.set_cookie(
+                    PIN_COOKIE,
+                    str(int(time.time() + seconds)),
+                    max_age=int(seconds + 0.999),
+                    httponly=True,
+                    samesite='Lax',
+                    path='/',
+                )
+            )
+        self.pinned = True
 
     def _finish(self):
         self.dirty = False
         self._tables = set()
         self._all_tables = False
+        if self._slot:
+            self._slot = False
+            self.router.write_slots.release()
+
+    def _release_at_the_end(self, request):
+        # A transaction left open past its request would hold its slot,
+        # and every writer of the process would wait for it in vain.
+        if self._slot:
+            log.error('a write transaction outlived its request; aborting')
+            self.request.tm.abort()
 
 
 class RequestContext:
@@ -147,27 +404,32 @@ class RequestContext:
 
     ``cache`` counts this request's SQL method calls by cache outcome
     (``hit``, ``miss``, ``stale``, ``waited``, ``uncached``); ``queries``
-    and ``db_seconds`` count the statements it ran and the time they took.
+    and ``db_seconds`` count the statements it ran and the time they took;
+    ``unit.write_wait`` is the time it waited for a write slot.
     """
 
     def __init__(self, request):
         runtime = request.registry.dbtune
         self.runtime = runtime
-        self.unit = UnitOfWork(request, runtime.database, runtime.cache)
+        self.unit = UnitOfWork(request, runtime.router, runtime.cache)
         self.cache = dict.fromkeys((HIT, MISS, STALE, WAITED, 'uncached'), 0)
         self.queries = 0
         self.db_seconds = 0.0
 
     def read(self, method, params):
-        """Run a read on a connection of its own (cache fill or uncached)."""
+        """Run a read on a reader (a cache fill, or uncached)."""
         statement, params = method.bind(params)
         start = perf_counter()
         try:
-            return self.runtime.database.read(
-                statement, params, method.max_rows
+            return self.runtime.router.read(
+                statement,
+                params,
+                method.max_rows,
+                method.tables,
+                writer=self.unit.pinned,
             )
         except DBAPIError as exc:
-            if _refused_as_read_only(exc):
+            if is_read_only_refusal(exc.orig):
                 raise WriteInReadError(
                     f'SQL method {method.name}() tried to change the '
                     'database, but its statement reads as a read, and reads '
@@ -188,21 +450,6 @@ class RequestContext:
         finally:
             self.queries += 1
             self.db_seconds += perf_counter() - start
-
-
-class WriteInReadError(RuntimeError):
-    """A SQL method taken for a read tried to write (see ``writes=``)."""
-
-
-def _refused_as_read_only(exc):
-    orig = exc.orig
-    args = getattr(orig, 'args', ())
-    code = getattr(args[0], 'code', args[0]) if args else None
-    return (
-        getattr(orig, 'sqlstate', None) == _READ_ONLY_SQLSTATE
-        or code in _READ_ONLY_ERRNO
-        or 'readonly database' in str(orig)  # SQLite: SQLITE_READONLY
-    )
 
 
 def _freeze(value):
@@ -237,11 +484,11 @@ class BoundSQLMethod:
         if method.writes or context.unit.dirty:
             context.cache['uncached'] += 1
             return context.execute(method, params)
-        if not self.cache_time:
+        if not self.cache_time or context.unit.pinned:
             context.cache['uncached'] += 1
             return context.read(method, params)
         values = method.values(params)
-        # 1, 1.0, True and Decimal(1) are equal, but not the same argument.
+        # 1, 1.0 and True are equal, but not the same argument.
         key = (self._key, values, tuple(map(type, values)))
         try:
             hash(key)

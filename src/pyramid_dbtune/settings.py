@@ -6,6 +6,7 @@ returns a :class:`Settings` object and raises
 setting, the value and what would be accepted.
 """
 
+import contextlib
 import difflib
 import math
 import re
@@ -34,6 +35,14 @@ def as_url(value):
             'or sqlite:///path/to/file.sqlite'
         ) from None
     return str(value).strip()
+
+
+def as_urls(value):
+    """One or more database URLs, whitespace-separated."""
+    urls = value.split() if isinstance(value, str) else list(value)
+    if not urls:
+        raise Invalid('one or more database URLs, whitespace-separated')
+    return tuple(as_url(url) for url in urls)
 
 
 def one_of(*choices):
@@ -71,6 +80,16 @@ _SIZE = re.compile(r'^\s*(\d+)\s*([kmg]i?b?|b)?\s*$', re.IGNORECASE)
 _UNITS = {'k': 1000, 'm': 1000**2, 'g': 1000**3}
 
 
+def positive_seconds(value):
+    """A finite number of seconds above 0."""
+    seconds = None
+    with contextlib.suppress(Invalid):
+        seconds = as_seconds(value)
+    if not seconds:
+        raise Invalid('a number of seconds above 0 (such as 10 or 0.5)')
+    return seconds
+
+
 def as_bytes(value):
     """A size in bytes: ``67108864``, ``64MiB``, ``500KB``, ``1GB``."""
     match = None if isinstance(value, bool) else _SIZE.match(str(value))
@@ -103,6 +122,11 @@ class Setting:
 #: Every ``dbtune.`` setting: (name, converter, default).
 TABLE = (
     Setting('url', as_url, None),
+    Setting('read_urls', as_urls, None),
+    Setting('read_pool_size', positive_int, 8),
+    Setting('write_concurrency', positive_int, 1),
+    Setting('write_timeout', positive_seconds, 10),
+    Setting('pin_after_write', as_seconds, 0),
     Setting('cache.backend', one_of('memory', 'none'), 'memory'),
     Setting('cache.max_entries', positive_int, 10000),
     Setting('cache.max_bytes', as_bytes, 64 * 1024 * 1024),
@@ -119,6 +143,12 @@ class Settings:
     """The parsed ``dbtune.*`` settings (see :doc:`settings`)."""
 
     url: str | None = None
+    #: The read URLs; ``None``: read from ``url`` with a pool of its own.
+    read_urls: tuple | None = None
+    read_pool_size: int = 8
+    write_concurrency: int = 1
+    write_timeout: float = 10
+    pin_after_write: float = 0
     cache_backend: str = 'memory'
     cache_max_entries: int = 10000
     cache_max_bytes: int = 64 * 1024 * 1024

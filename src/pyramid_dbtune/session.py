@@ -1,0 +1,85 @@
+"""``request.dbsession``: an ORM session that reads from a reader until it
+writes, then uses the writer.
+
+The session is the request's unit of work: registered with zope.sqlalchemy
+on ``request.tm``, it commits or aborts with the request. Its first flush,
+and its first data-changing statement (ORM ``insert()``/``update()``/
+``delete()``, ``text()`` DML, ``SELECT ... FOR UPDATE``), take the
+request's write slot and move it, and every later read of the request, to
+the writer. SQL methods that write run in this same session, so the two
+see each other's uncommitted writes.
+"""
+
+import functools
+
+import sqlalchemy as sa
+import zope.sqlalchemy
+from sqlalchemy import event
+from sqlalchemy.orm import Session
+from sqlalchemy.sql.elements import TextClause
+
+from . import analysis
+
+_WHAT = 'request.dbsession'
+
+
+class RoutingSession(Session):
+    """A session whose reads go to a reader until its unit of work writes.
+
+    It is not two-phase: a reader is never asked to prepare a commit.
+    """
+
+    def __init__(self, unit, **kw):
+        self.unit = unit
+        router = unit.router
+        self._reader = router.writer if unit.pinned else router.reader_engine()
+        super().__init__(**kw)
+
+    def get_bind(self, mapper=None, clause=None, **kw):
+        """The writer once the request has written (or while flushing),
+        else the reader chosen for this session."""
+        if self.unit.dirty or self._flushing:
+            return self.unit.router.writer
+        return self._reader
+
+
+@functools.lru_cache(maxsize=1024)
+def _analyse(text):
+    return analysis.analyse(text)
+
+
+@event.listens_for(RoutingSession, 'before_flush')
+def _before_flush(session, flush_context, instances):
+    # Called only when the session has changes to flush.
+    tables = set()
+    for obj in (*session.new, *session.dirty, *session.deleted):
+        for table in sa.inspect(obj).mapper.tables:
+            tables.add(table.name.lower())
+    session.unit.begin_write(tables, _WHAT)
+
+
+@event.listens_for(RoutingSession, 'do_orm_execute')
+def _do_orm_execute(state):
+    if state.execution_options.get('dbtune_routed'):
+        return  # a SQL method: routed already
+    statement = state.statement
+    if isinstance(statement, TextClause):
+        writes, tables = _analyse(statement.text)
+        if not writes:
+            return
+    elif state.is_insert or state.is_update or state.is_delete:
+        tables = {statement.table.name.lower()}
+    elif getattr(statement, '_for_update_arg', None) is not None:
+        tables = set()  # a locking read: in the writing transaction
+    else:
+        return
+    session = state.session
+    session.unit.begin_write(tables, _WHAT)
+    session.unit.session_wrote(session)
+
+
+def dbsession(request):
+    """The request's :class:`RoutingSession`, joined to ``request.tm``."""
+    session = RoutingSession(request.dbtune.unit)
+    zope.sqlalchemy.register(session, transaction_manager=request.tm)
+    return session

@@ -1,0 +1,751 @@
+"""Read/write splitting with real threads on real servers: reads in
+parallel, writes serialised, read-your-writes, failover, retries, pins."""
+
+import logging
+import os
+import threading
+import uuid
+
+import pytest
+import sqlalchemy as sa
+import transaction
+from pyramid.config import Configurator
+from pyramid.response import Response
+from pyramid.scripting import prepare
+from pyramid_retry import IRetryableError
+from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
+from webtest import TestApp
+
+from pyramid_dbtune.errors import is_retryable
+
+from conftest import (
+    MYSQL_URL,
+    POSTGRESQL_URL,
+    _mysql_database,
+    _postgresql_schema,
+    call,
+    create_tables,
+    query_log,
+)
+
+
+@pytest.fixture(params=['postgresql', 'mysql'])
+def server_url(request):
+    """An empty PostgreSQL schema, then an empty MariaDB database."""
+    make = (
+        _postgresql_schema
+        if request.param == 'postgresql'
+        else (_mysql_database)
+    )
+    url, drop = make()
+    yield url
+    drop()
+
+
+def sleep_sql(url, seconds, marker):
+    function = 'pg_sleep' if url.startswith('postgresql') else 'SLEEP'
+    return f'SELECT {function}({seconds}) AS z, :n AS n /* {marker} */'
+
+
+def active_with(url, marker):
+    """How many statements holding ``marker`` the server runs right now.
+    The marker is split in this query so that it does not count itself."""
+    half = len(marker) // 2
+    if url.startswith('postgresql'):
+        sql = (
+            "SELECT count(*) FROM pg_stat_activity WHERE state = 'active' "
+            "AND query LIKE '%%' || :a || :b || '%%'"
+        )
+    else:
+        sql = (
+            'SELECT count(*) FROM information_schema.processlist '
+            "WHERE command = 'Query' AND info LIKE CONCAT('%', :a, :b, '%')"
+        )
+    return sa.text(sql), {'a': marker[:half], 'b': marker[half:]}
+
+
+def run_threads(count, target):
+    errors = []
+    barrier = threading.Barrier(count)
+
+    def run(i):
+        barrier.wait()
+        try:
+            target(i)
+        except Exception as exc:  # pragma: no cover (reported below)
+            errors.append(exc)
+
+    threads = [threading.Thread(target=run, args=(i,)) for i in range(count)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert errors == []
+
+
+def test_eight_reads_run_at_once(server_url, apps):
+    marker = f'm{uuid.uuid4().hex}'
+    slow = {'name': 'slow', 'sql': sleep_sql(server_url, 0.4, marker)}
+    app = apps(server_url, [slow], {'dbtune.read_pool_size': '8'})
+    # Autocommit: PostgreSQL keeps one pg_stat_activity snapshot for the
+    # whole of a transaction.
+    watcher = sa.create_engine(server_url, isolation_level='AUTOCOMMIT')
+    statement, params = active_with(server_url, marker)
+    seen = []
+    done = threading.Event()
+
+    def watch():
+        with watcher.connect() as connection:
+            while not done.is_set():
+                seen.append(connection.execute(statement, params).scalar())
+
+    spy = threading.Thread(target=watch)
+    spy.start()
+    try:
+        run_threads(8, lambda i: call(app, ('slow', {'n': i})))
+    finally:
+        done.set()
+        spy.join()
+        watcher.dispose()
+    # The server itself saw all eight reads running together.
+    assert max(seen) == 8
+
+
+def write_app(url, settings=None, hold=None):
+    """An app whose /write view writes, then stays in its write section a
+    while; the test records how many requests are in it at once."""
+    state = {'inside': 0, 'most': 0, 'lock': threading.Lock()}
+    bump = {
+        'name': 'bump',
+        'sql': 'UPDATE property SET rent = rent + 1 WHERE id = 1',
+    }
+    create_tables(url)
+
+    def write(request):
+        request.sql.bump()
+        with state['lock']:
+            state['inside'] += 1
+            state['most'] = max(state['most'], state['inside'])
+        if hold is not None:
+            hold.wait(10)
+        else:
+            threading.Event().wait(0.02)
+        with state['lock']:
+            state['inside'] -= 1
+        return Response('written')
+
+    with Configurator(
+        settings={'dbtune.url': url, **(settings or {})}
+    ) as config:
+        config.include('pyramid_dbtune')
+        config.add_sql_method(**bump)
+        config.add_route('write', '/write')
+        config.add_view(write, route_name='write')
+        app = config.make_wsgi_app()
+    return TestApp(app), state
+
+
+def test_eight_writes_never_overlap(db_url):
+    app, state = write_app(db_url)
+    try:
+        run_threads(8, lambda i: app.post('/write'))
+        assert state['most'] == 1
+        with app.app.registry.dbtune.router.writer.connect() as connection:
+            rent = connection.exec_driver_sql(
+                'SELECT rent FROM property WHERE id = 1'
+            )
+            assert rent.scalar() == 90 + 8
+    finally:
+        app.app.registry.dbtune.router.dispose()
+
+
+def test_write_concurrency_allows_that_many(sqlite_url):
+    app, state = write_app(sqlite_url, {'dbtune.write_concurrency': '3'})
+    try:
+        # SQLite has one writer at a time; its busy timeout queues them.
+        run_threads(6, lambda i: app.post('/write'))
+        assert 1 <= state['most'] <= 3
+    finally:
+        app.app.registry.dbtune.router.dispose()
+
+
+COUNTER = [
+    {
+        'name': 'current',
+        'sql': 'SELECT n FROM counter WHERE id = 1 FOR UPDATE',
+    },
+    {'name': 'store', 'sql': 'UPDATE counter SET n = :n WHERE id = 1'},
+]
+
+
+def increment(request):
+    # Read, add one, write back: without serialised writes (or the row
+    # lock) two requests would read the same n and one increment be lost.
+    n = request.sql.current()[0].n
+    request.sql.store(n=n + 1)
+    return Response(str(n + 1))
+
+
+def test_fifty_threads_of_twenty_increments_end_at_1000(server_url):
+    engine = sa.create_engine(server_url)
+    with engine.begin() as connection:
+        connection.exec_driver_sql(
+            'CREATE TABLE counter (id INTEGER PRIMARY KEY, n INTEGER)'
+        )
+        connection.exec_driver_sql('INSERT INTO counter VALUES (1, 0)')
+    with Configurator(settings={'dbtune.url': server_url}) as config:
+        config.include('pyramid_dbtune')
+        for method in COUNTER:
+            config.add_sql_method(**method)
+        config.add_route('increment', '/increment')
+        config.add_view(increment, route_name='increment')
+        app = TestApp(config.make_wsgi_app())
+
+    def twenty(i):
+        for _ in range(20):
+            app.post('/increment')
+
+    try:
+        run_threads(50, twenty)
+        with engine.connect() as connection:
+            total = connection.exec_driver_sql('SELECT n FROM counter')
+            assert total.scalar() == 1000
+    finally:
+        app.app.registry.dbtune.router.dispose()
+        engine.dispose()
+
+
+def test_no_write_slot_in_time_is_a_503_and_writes_nothing(sqlite_url):
+    hold = threading.Event()
+    app, state = write_app(
+        sqlite_url, {'dbtune.write_timeout': '0.2'}, hold=hold
+    )
+    first = threading.Thread(target=app.post, args=('/write',))
+    first.start()
+    try:
+        while not state['inside']:
+            threading.Event().wait(0.005)
+        answer = app.post('/write', status=503)
+        assert 'no write slot came free in 0.2 s' in answer.text
+        assert 'nothing was written' in answer.text
+    finally:
+        hold.set()
+        first.join()
+    router = app.app.registry.dbtune.router
+    with router.writer.connect() as connection:
+        rent = connection.exec_driver_sql(
+            'SELECT rent FROM property WHERE id = 1'
+        )
+        assert rent.scalar() == 91  # the first request's write alone
+    assert router.write_waits == 1 and router.write_wait_seconds >= 0.2
+    router.dispose()
+
+
+def test_reads_go_to_a_reader_writes_and_later_reads_to_the_writer(
+    db_url, apps
+):
+    methods = [
+        {'name': 'rents', 'sql': 'SELECT rent FROM property ORDER BY id'},
+        {
+            'name': 'set_rent',
+            'sql': 'UPDATE property SET rent = :rent WHERE id = :id',
+        },
+    ]
+    app = apps(db_url, methods)
+    log = query_log(app)
+    answer = call(
+        app,
+        ('rents', {}),
+        ('set_rent', {'id': 1, 'rent': 5}),
+        ('rents', {}),
+    )
+    assert answer['results'][2]['rows'][0] == [5]
+    assert log.count('SELECT rent', engine='reader0') == 1
+    assert log.count('UPDATE property', engine='writer') == 1
+    assert log.count('SELECT rent', engine='writer') == 1
+
+
+def test_several_readers_share_the_reads(postgresql_url, apps):
+    methods = [{'name': 'one', 'sql': 'SELECT :n AS n'}]
+    two = f'{postgresql_url} {postgresql_url}'
+    app = apps(postgresql_url, methods, {'dbtune.read_urls': two})
+    log = query_log(app)
+    marker_sql = 'SELECT pg_sleep(0.2) AS z, :n AS n'
+    run_threads(
+        4,
+        lambda i: prepare(registry=app.app.registry)['request'].sql.one(n=i),
+    )
+    request = prepare(registry=app.app.registry)['request']
+    assert request.sql.one(n=1)[0].n == 1
+    assert log.count('SELECT', engine='reader0') >= 1
+    assert log.count('SELECT', engine='reader1') >= 1
+    assert marker_sql
+
+
+DEAD = 'postgresql+psycopg://nobody@127.0.0.1:1/none'
+
+
+def test_dead_reader_fails_over_and_every_request_is_answered(
+    postgresql_url, apps, caplog
+):
+    methods = [{'name': 'rents', 'sql': 'SELECT rent FROM property'}]
+    app = apps(postgresql_url, methods, {'dbtune.read_urls': DEAD})
+    router = app.app.registry.dbtune.router
+    with caplog.at_level(logging.WARNING, 'pyramid_dbtune'):
+        for _ in range(20):
+            answer = call(app, ('rents', {}))
+            assert len(answer['results'][0]['rows']) == 4
+    assert router.failovers == 20
+    downs = [r for r in caplog.records if 'is down' in r.getMessage()]
+    assert len(downs) == 1
+    assert '127.0.0.1:1' in downs[0].getMessage()
+
+
+def test_a_reader_back_from_the_dead_is_used_again(
+    postgresql_url, apps, caplog, monkeypatch
+):
+    methods = [{'name': 'rents', 'sql': 'SELECT rent FROM property'}]
+    app = apps(postgresql_url, methods, {'dbtune.read_urls': DEAD})
+    router = app.app.registry.dbtune.router
+    call(app, ('rents', {}))
+    reader = router.readers[0]
+    assert reader.backoff == 1.0
+    # The back-off doubles while it stays down.
+    reader.down_until = 0
+    call(app, ('rents', {}))
+    assert reader.backoff == 2.0
+    # It comes back: the reader's engine now reaches the server.
+    reader.engine = router.writer
+    reader.down_until = 0
+    with caplog.at_level(logging.WARNING, 'pyramid_dbtune'):
+        call(app, ('rents', {}))
+    assert reader.backoff == 0 and 'is back' in caplog.text
+    assert router.failovers == 2
+
+
+def test_a_reader_lost_mid_read_fails_over(postgresql_url, apps):
+    marker = f'm{uuid.uuid4().hex}'
+    slow = {'name': 'slow', 'sql': sleep_sql(postgresql_url, 0.5, marker)}
+    app = apps(postgresql_url, [slow])
+    router = app.app.registry.dbtune.router
+    admin = sa.create_engine(POSTGRESQL_URL, isolation_level='AUTOCOMMIT')
+    statement, params = active_with(postgresql_url, marker)
+    answers = []
+    reader = threading.Thread(
+        target=lambda: answers.append(call(app, ('slow', {'n': 1})))
+    )
+    reader.start()
+    try:
+        with admin.connect() as connection:
+            while connection.execute(statement, params).scalar() < 1:
+                pass
+            half = len(marker) // 2
+            connection.execute(
+                sa.text(
+                    'SELECT pg_terminate_backend(pid) FROM pg_stat_activity '
+                    "WHERE query LIKE '%%' || :a || :b || '%%' "
+                    'AND pid <> pg_backend_pid()'
+                ),
+                {'a': marker[:half], 'b': marker[half:]},
+            )
+    finally:
+        reader.join()
+        admin.dispose()
+    assert answers[0]['results'][0]['rows'] == [['', 1]] or (
+        answers[0]['results'][0]['rows'][0][1] == 1
+    )
+    assert router.failovers == 1
+
+
+def test_a_statement_error_on_a_reader_is_not_a_failover(sqlite_url, apps):
+    bad = {'name': 'bad', 'sql': 'SELECT * FROM no_such_table'}
+    app = apps(sqlite_url, [bad])
+    with pytest.raises(sa.exc.OperationalError):
+        call(app, ('bad', {}))
+    assert app.app.registry.dbtune.router.failovers == 0
+
+
+class Base(DeclarativeBase):
+    pass
+
+
+class Property(Base):
+    __tablename__ = 'property'
+    id: Mapped[int] = mapped_column(primary_key=True)
+    area: Mapped[str]
+    rent: Mapped[int]
+
+
+def session_app(url, view, methods=(), settings=None):
+    create_tables(url)
+    with Configurator(
+        settings={'dbtune.url': url, **(settings or {})}
+    ) as config:
+        config.include('pyramid_dbtune')
+        for method in methods:
+            config.add_sql_method(**method)
+        config.add_route('view', '/view')
+        config.add_view(view, route_name='view', renderer='json')
+        return TestApp(config.make_wsgi_app())
+
+
+CACHED_RENTS = {
+    'name': 'rents',
+    'sql': 'SELECT rent FROM property ORDER BY id',
+    'cache_time': 60,
+}
+
+
+def test_dbsession_reads_from_a_reader_until_it_flushes(db_url):
+    def view(request):
+        session = request.dbsession
+        first = session.get(Property, 1)
+        before = first.rent
+        first.rent = 100
+        session.add(Property(id=9, area='Kirkstall', rent=55))
+        session.flush()
+        after = int(session.scalar(sa.select(sa.func.sum(Property.rent))))
+        return [before, after]
+
+    app = session_app(db_url, view)
+    log = query_log(app)
+    assert app.get('/view').json == [90, 100 + 120 + 80 + 70 + 55]
+    assert log.count('FROM property', engine='reader0') == 1
+    assert log.count('UPDATE property', engine='writer') == 1
+    assert log.count('INSERT INTO property', engine='writer') == 1
+    assert log.count('sum(property.rent)', engine='writer') == 1
+    with app.app.registry.dbtune.router.writer.connect() as connection:
+        total = connection.exec_driver_sql('SELECT count(*) FROM property')
+        assert total.scalar() == 5
+    app.app.registry.dbtune.router.dispose()
+
+
+def test_dbsession_and_sql_methods_share_the_transaction(db_url):
+    def view(request):
+        request.dbsession.add(Property(id=9, area='Burley', rent=1))
+        request.dbsession.flush()
+        rows = request.sql.rents()
+        request.sql.set_rent(id=9, rent=2)
+        return [rows[-1].rent, request.dbsession.get(Property, 9).rent]
+
+    set_rent = {
+        'name': 'set_rent',
+        'sql': 'UPDATE property SET rent = :rent WHERE id = :id',
+    }
+    app = session_app(db_url, view, [CACHED_RENTS, set_rent])
+    # Each side sees the other's uncommitted write.
+    assert app.get('/view').json == [1, 2]
+    rents = call_rents(app)
+    assert rents[-1] == 2
+    app.app.registry.dbtune.router.dispose()
+
+
+def call_rents(app):
+    request = prepare(registry=app.app.registry)['request']
+    try:
+        return [r.rent for r in request.sql.rents()]
+    finally:
+        transaction.manager.abort()
+
+
+def test_dbsession_text_dml_commits_and_invalidates(db_url):
+    def view(request):
+        request.dbsession.execute(
+            sa.text('UPDATE property SET rent = 7 WHERE id = 1')
+        )
+        return 'ok'
+
+    app = session_app(db_url, view, [CACHED_RENTS])
+    assert call_rents(app)[0] == 90
+    app.get('/view')
+    # Committed (not rolled back silently), and the cached rows dropped.
+    assert call_rents(app)[0] == 7
+    app.app.registry.dbtune.router.dispose()
+
+
+def test_dbsession_core_dml_and_locking_reads_go_to_the_writer(db_url):
+    def view(request):
+        session = request.dbsession
+        session.execute(
+            sa.select(Property).where(Property.id == 2).with_for_update()
+        )
+        session.execute(
+            sa.update(Property).where(Property.id == 2).values(rent=3)
+        )
+        return 'ok'
+
+    app = session_app(db_url, view, [CACHED_RENTS])
+    log = query_log(app)
+    assert call_rents(app)[1] == 120
+    app.get('/view')
+    # (SQLite leaves FOR UPDATE out of the statement it sends.)
+    assert log.count('SELECT property.id', engine='writer') == 1
+    assert call_rents(app)[1] == 3
+    app.app.registry.dbtune.router.dispose()
+
+
+def test_dbsession_reads_only_never_take_a_write_slot(sqlite_url):
+    def view(request):
+        request.dbsession.execute(sa.text('SELECT count(*) FROM property'))
+        request.dbsession.scalar(sa.select(Property.rent))
+        return request.dbtune.unit.dirty
+
+    app = session_app(sqlite_url, view)
+    assert app.get('/view').json is False
+    app.app.registry.dbtune.router.dispose()
+
+
+def test_a_view_that_writes_then_raises_leaves_nothing(db_url):
+    def view(request):
+        first = request.dbsession.get(Property, 1)
+        first.rent = 1
+        request.dbsession.flush()
+        raise RuntimeError('after the write')
+
+    app = session_app(db_url, view, [CACHED_RENTS])
+    with pytest.raises(RuntimeError, match='after the write'):
+        app.get('/view')
+    assert call_rents(app)[0] == 90
+    assert app.app.registry.dbtune.router.write_slots.acquire(blocking=False)
+    app.app.registry.dbtune.router.dispose()
+
+
+def test_retryable_errors_are_retried_by_pyramid_retry(server_url):
+    if server_url.startswith('postgresql'):
+        sql = (
+            "DO $$ BEGIN RAISE EXCEPTION 'serialize' USING ERRCODE = "
+            "'40001'; END $$"
+        )
+    else:
+        sql = "SIGNAL SQLSTATE '40001' SET MYSQL_ERRNO = 1213"
+    attempts = []
+
+    def view(request):
+        attempts.append(request)
+        if len(attempts) == 1:
+            request.dbsession.execute(sa.text(sql))
+        return len(attempts)
+
+    app = session_app(server_url, view, settings={'retry.attempts': '3'})
+    app.app.registry  # noqa: B018
+    config = Configurator(registry=app.app.registry)
+    config.include('pyramid_retry')
+    config.commit()
+    app = TestApp(config.make_wsgi_app())
+    assert app.get('/view').json == 2
+    app.app.registry.dbtune.router.dispose()
+
+
+def test_other_errors_are_not_retryable(postgresql_url, apps):
+    bad = {'name': 'bad', 'sql': 'SELECT 1/0 AS x'}
+    app = apps(postgresql_url, [bad])
+    with pytest.raises(sa.exc.DataError) as info:
+        call(app, ('bad', {}))
+    assert not IRetryableError.providedBy(info.value)
+
+
+def test_pin_after_write_sends_the_client_to_the_writer(postgresql_url, apps):
+    methods = [
+        {
+            'name': 'rents',
+            'sql': 'SELECT rent FROM property ORDER BY id',
+            'cache_time': 60,
+        },
+        {'name': 'areas', 'sql': 'SELECT name FROM area', 'cache_time': 60},
+        {
+            'name': 'set_rent',
+            'sql': 'UPDATE property SET rent = :rent WHERE id = :id',
+        },
+    ]
+    settings = {
+        'dbtune.read_urls': postgresql_url,
+        'dbtune.pin_after_write': '30',
+    }
+    app = apps(postgresql_url, methods, settings)
+    log = query_log(app)
+    answer = app.post_json(
+        '/call', {'calls': [['set_rent', {'id': 1, 'rent': 4}]]}
+    )
+    cookie = answer.headers['Set-Cookie']
+    assert cookie.startswith('dbtune_pin=') and 'Max-Age=30' in cookie
+    assert 'HttpOnly' in cookie
+    # The pinned client reads from the writer, and not from the cache.
+    call(app, ('areas', {}))
+    assert log.count('FROM area', engine='writer') == 1
+    # Another client: a fill of the table just written comes from the
+    # writer during the lag window; other tables from the reader.
+    other = TestApp(app.app)
+    other.post_json('/call', {'calls': [['rents', {}], ['areas', {}]]})
+    assert log.count('FROM property', engine='writer') == 1
+    assert log.count('FROM area', engine='reader0') == 1
+
+
+def test_no_pin_without_replicas(sqlite_url, apps):
+    set_rent = {'name': 'set_rent', 'sql': 'UPDATE property SET rent = 1'}
+    app = apps(sqlite_url, [set_rent], {'dbtune.pin_after_write': '30'})
+    answer = app.post_json('/call', {'calls': [['set_rent', {}]]})
+    assert 'Set-Cookie' not in answer.headers
+
+
+def test_engines_are_fresh_in_a_forked_child(postgresql_url, apps):
+    methods = [{'name': 'one', 'sql': 'SELECT :n AS n'}]
+    app = apps(postgresql_url, methods)
+    router = app.app.registry.dbtune.router
+    request = prepare(registry=app.app.registry)['request']
+    assert request.sql.one(n=1)[0].n == 1  # a pooled reader connection
+    before = router.readers[0].engine.pool.checkedin()
+    pid = os.fork()
+    if pid == 0:  # pragma: no cover (runs in the child)
+        code = 1
+        try:
+            child = prepare(registry=app.app.registry)['request']
+            fresh = router.readers[0].engine.pool.checkedin() == 0
+            code = 0 if fresh and child.sql.one(n=2)[0].n == 2 else 3
+        finally:
+            os._exit(code)
+    _, status = os.waitpid(pid, 0)
+    assert os.waitstatus_to_exitcode(status) == 0
+    # The parent's pooled connection was not closed by the child.
+    assert router.readers[0].engine.pool.checkedin() == before
+    assert request.sql.one(n=3)[0].n == 3
+
+
+ORACLE_LIKE = type(
+    'DatabaseError', (Exception,), {'__module__': 'oracledb.exceptions'}
+)
+CX_ORACLE_LIKE = type(
+    'DatabaseError', (Exception,), {'__module__': 'cx_Oracle'}
+)
+
+
+class OracleError:
+    """What python-oracledb and cx_Oracle put in ``args[0]``."""
+
+    def __init__(self, code):
+        self.code = code
+
+
+@pytest.mark.parametrize('kind', [ORACLE_LIKE, CX_ORACLE_LIKE])
+@pytest.mark.parametrize(
+    'code, retryable', [(8177, True), (60, True), (1, False), (1213, False)]
+)
+def test_oracle_errors_by_their_code(kind, code, retryable):
+    assert is_retryable(kind(OracleError(code))) is retryable
+
+
+def test_error_classification_reads_codes_not_texts():
+    assert not is_retryable(Exception('deadlock detected'))
+    assert not is_retryable(Exception(True))
+    assert is_retryable(type('E', (Exception,), {'pgcode': '40P01'})())
+
+
+def test_oracle_urls_compile_sql_methods():
+    from sqlalchemy.dialects import oracle
+
+    from pyramid_dbtune import SQLMethod
+
+    method = SQLMethod('some', 'SELECT * FROM t WHERE id IN :ids AND a = :a')
+    statement, params = method.bind({'ids': [1, 2], 'a': 3})
+    compiled = statement.compile(dialect=oracle.dialect())
+    assert ':a' in str(compiled) and params == {'ids': [1, 2], 'a': 3}
+    ping = sa.select(sa.literal_column('1')).compile(dialect=oracle.dialect())
+    assert str(ping) == 'SELECT 1 FROM DUAL'
+    for url in ('oracle+oracledb://u:p@h/s', 'oracle+cx_oracle://u:p@h/s'):
+        assert sa.engine.make_url(url).get_dialect().name == 'oracle'
+
+
+def test_server_urls_are_as_documented():
+    assert POSTGRESQL_URL.startswith('postgresql')
+    assert MYSQL_URL.startswith('mysql')
+
+
+def test_after_fork_drops_connections_and_makes_new_locks(sqlite_url, apps):
+    methods = [{'name': 'one', 'sql': 'SELECT :n AS n'}]
+    app = apps(sqlite_url, methods)
+    runtime = app.app.registry.dbtune
+    request = prepare(registry=app.app.registry)['request']
+    request.sql.one(n=1)
+    router, cache = runtime.router, runtime.cache
+    slots, lock = router.write_slots, cache._lock
+    router.after_fork()
+    cache.after_fork()
+    assert router.readers[0].engine.pool.checkedin() == 0
+    assert router.write_slots is not slots and cache._lock is not lock
+    assert request.sql.one(n=2)[0].n == 2
+
+
+def test_pin_window_ends(sqlite_url, apps, monkeypatch):
+    import pyramid_dbtune.routing as routing
+
+    now = [100.0]
+    monkeypatch.setattr(routing, 'monotonic', lambda: now[0])
+    settings = {'dbtune.read_urls': sqlite_url, 'dbtune.pin_after_write': '5'}
+    app = apps(sqlite_url, [], settings)
+    router = app.app.registry.dbtune.router
+    router.wrote({'property'})
+    assert router._recently_written({'property'})
+    assert not router._recently_written({'area'})
+    now[0] += 5
+    assert not router._recently_written({'property'})
+    assert router._recent == {}
+
+
+def test_two_commits_in_one_request_pin_once(sqlite_url, apps):
+    settings = {'dbtune.read_urls': sqlite_url, 'dbtune.pin_after_write': '5'}
+    set_rent = {'name': 'set_rent', 'sql': 'UPDATE property SET rent = 1'}
+    app = apps(sqlite_url, [set_rent], settings)
+
+    def view(request):
+        request.sql.set_rent()
+        request.tm.commit()
+        request.tm.begin()
+        request.sql.set_rent()
+        return Response('ok')
+
+    config = Configurator(registry=app.app.registry)
+    config.add_route('twice', '/twice')
+    config.add_view(view, route_name='twice')
+    config.commit()
+    answer = app.get('/twice')
+    assert len(answer.headers.getall('Set-Cookie')) == 1
+
+
+def test_a_slot_left_held_is_released_when_the_request_ends(
+    sqlite_url, apps, caplog
+):
+    set_rent = {'name': 'set_rent', 'sql': 'UPDATE property SET rent = 1'}
+    app = apps(sqlite_url, [set_rent])
+    router = app.app.registry.dbtune.router
+    request = prepare(registry=app.app.registry)['request']
+    request.tm = transaction.TransactionManager(explicit=True)
+    request.tm.begin()
+    request.sql.set_rent()
+    assert not router.write_slots.acquire(blocking=False)
+    request._process_finished_callbacks()
+    assert 'outlived its request' in caplog.text
+    assert router.write_slots.acquire(blocking=False)
+
+
+@pytest.mark.parametrize('kind', [ORACLE_LIKE, CX_ORACLE_LIKE])
+def test_oracle_read_only_refusal_by_its_code(kind):
+    from pyramid_dbtune.errors import is_read_only_refusal
+
+    assert is_read_only_refusal(kind(OracleError(1456)))
+    assert not is_read_only_refusal(kind(OracleError(942)))
+
+
+def test_dbsession_reads_from_the_writer_while_readers_are_down(
+    postgresql_url,
+):
+    def view(request):
+        return request.dbsession.get(Property, 1).rent
+
+    app = session_app(
+        postgresql_url, view, settings={'dbtune.read_urls': DEAD}
+    )
+    router = app.app.registry.dbtune.router
+    router.readers[0].down_until = float('inf')  # as after a failed read
+    log = query_log(app)
+    assert app.get('/view').json == 90
+    assert log.count('FROM property', engine='writer') == 1
+    router.dispose()
