@@ -7,6 +7,7 @@ import socket
 import threading
 
 import pytest
+import sqlalchemy as sa
 from paste.deploy import loadapp
 from pyramid.config import Configurator
 from pyramid.events import NewRequest
@@ -201,12 +202,12 @@ def test_include_only_keeps_pyramid_retry_and_pyramid_tm_working():
 
 
 def test_include_without_fast_paths_installs_nothing():
-    from pyramid.interfaces import IExecutionPolicy
+    from pyramid.router import default_execution_policy
 
     config = Configurator()
     config.include('pyramid_dbtune')
-    config.commit()
-    assert config.registry.queryUtility(IExecutionPolicy) is None
+    app = config.make_wsgi_app()
+    assert app.execution_policy is default_execution_policy
 
 
 def answer(environ):
@@ -335,3 +336,150 @@ def test_deep_check_without_a_database():
     config.include('pyramid_dbtune')
     app = TestApp(wrap(config.make_wsgi_app(), {'/healthz': deep_check}))
     assert app.get('/healthz').body == b'OK\n'
+
+
+def test_non_ascii_paths_match_as_servers_decode_them():
+    app = TestApp(wrap(echo_app, {'/santé': 'bien'}))
+    assert app.get('/sant%C3%A9').body == b'bien'
+    assert app.get('/sant%C3%A9/').status == '299 Echo'
+
+
+class Logging:
+    """Middleware that keeps what it wraps as ``app``."""
+
+    def __init__(self, app):
+        self.app = app
+
+    def __call__(self, environ, start_response):
+        return self.app(environ, start_response)
+
+
+def test_callables_find_the_registry_through_middleware(sqlite_url):
+    config = Configurator(settings={'dbtune.url': sqlite_url})
+    config.include('pyramid_dbtune')
+    pyramid_app = config.make_wsgi_app()
+    app = TestApp(wrap(Logging(Logging(pyramid_app)), {'/h': deep_check}))
+    assert app.get('/h').body == b'OK\n'
+    lost = TestApp(wrap(lambda e, s: pyramid_app(e, s), {'/h': deep_check}))
+    assert lost.get('/h', status=500).body == b'no pyramid_dbtune app\n'
+    given = wrap(
+        lambda e, s: None, {'/h': deep_check}, registry=config.registry
+    )
+    assert TestApp(given).get('/h').body == b'OK\n'
+    pyramid_app.registry.dbtune.router.dispose()
+
+
+def test_policies_set_later_still_get_the_fast_path():
+    seen = []
+
+    def policy(environ, router):
+        seen.append(environ['PATH_INFO'])
+        return Response('policy')
+
+    config = Configurator(
+        autocommit=True, settings={'dbtune.fast_paths': '/ok=OK'}
+    )
+    config.include('pyramid_dbtune')
+    config.include('pyramid_retry')  # after, and committed at once
+    config.set_execution_policy(policy)
+    app = TestApp(config.make_wsgi_app())
+    assert app.get('/ok').body == b'OK'
+    assert app.get('/other').body == b'policy' and seen == ['/other']
+
+
+@pytest.mark.parametrize(
+    'answer',
+    [
+        ('200 OK', [], None),
+        (200, [], b'x'),
+        ('200 OK', [('X-Number', 5)], b'x'),
+        ('200 OK', ['X-Bad'], b'x'),
+    ],
+)
+def test_a_callable_answering_badly_gets_a_500(answer, caplog):
+    app = TestApp(wrap(echo_app, {'/bad': lambda environ: answer}))
+    assert app.get('/bad', status=500).body == b'fast path failed\n'
+    assert 'must return (status str' in caplog.text
+
+
+def test_paste_filter_names_unknown_options():
+    with pytest.raises(FastPathError) as info:
+        filter_app_factory(echo_app, {}, path='/ok=OK')
+    assert 'has no option path; its options are paths' in str(info.value)
+
+
+def test_deep_check_survives_a_thread_that_cannot_start(
+    sqlite_url, monkeypatch
+):
+    config = Configurator(settings={'dbtune.url': sqlite_url})
+    config.include('pyramid_dbtune')
+    app = TestApp(wrap(config.make_wsgi_app(), {'/h': deep_check}))
+    start = threading.Thread.start
+
+    def refuse(thread):
+        monkeypatch.setattr(threading.Thread, 'start', start)
+        raise RuntimeError("can't start new thread")
+
+    monkeypatch.setattr(threading.Thread, 'start', refuse)
+    app.get('/h', status=500)
+    assert app.get('/h').body == b'OK\n'
+    app.app.wrapped.registry.dbtune.router.dispose()
+
+
+@pytest.mark.filterwarnings(
+    # The SystemExit ends the ping's thread, as it should.
+    'ignore::pytest.PytestUnhandledThreadExceptionWarning'
+)
+def test_deep_check_survives_a_ping_ended_by_a_base_exception(sqlite_url):
+    before = set(threading.enumerate())
+    config = Configurator(settings={'dbtune.url': sqlite_url})
+    config.include('pyramid_dbtune')
+    pyramid_app = config.make_wsgi_app()
+    writer = pyramid_app.registry.dbtune.router.writer
+    quick = functools.partial(deep_check, timeout=5, reuse=0)
+    app = TestApp(wrap(pyramid_app, {'/h': quick}))
+
+    def interrupt(*args):
+        raise SystemExit('a greenlet killed, say')
+
+    sa.event.listen(writer, 'do_connect', interrupt)
+    answer = app.get('/h', status=503)
+    assert answer.body == b'database check was interrupted\n'
+    for thread in set(threading.enumerate()) - before:
+        thread.join(10)
+    sa.event.remove(writer, 'do_connect', interrupt)
+    assert app.get('/h').body == b'OK\n'
+    writer.dispose()
+
+
+def test_a_hung_ping_is_given_up_for_a_new_one(silent_server, monkeypatch):
+    import pyramid_dbtune.fastpath as fastpath
+
+    monkeypatch.setattr(fastpath, 'ABANDON_AFTER', 0)
+    url = f'postgresql+psycopg://nobody@127.0.0.1:{silent_server}/none'
+    config = Configurator(settings={'dbtune.url': url})
+    config.include('pyramid_dbtune')
+    quick = functools.partial(deep_check, timeout=0.05, reuse=0)
+    pyramid_app = config.make_wsgi_app()
+    app = TestApp(wrap(pyramid_app, {'/h': quick}))
+    for _ in range(6):
+        app.get('/h', status=503)
+    # The first ping, then three more each given up on in turn, no more.
+    health = fastpath._health_of(pyramid_app.registry.dbtune)
+    assert health.stranded == 3 and health.running is not None
+
+
+@pytest.mark.parametrize(
+    'paths, message',
+    [
+        (['/ok=OK'], 'a string of /path=answer items or a mapping, not list'),
+        (5, 'a string of /path=answer items or a mapping, not int'),
+        ('/a=python:', 'python: needs a dotted name'),
+        ('/a%20b=OK', 'write the path decoded'),
+        ('/a?b=OK', 'write the path decoded'),
+        ('/a=python:test_fastpath:nothing_here', 'has no attribute'),
+    ],
+)
+def test_bad_tables_say_what_is_wrong(paths, message):
+    with pytest.raises(FastPathError, match=message):
+        parse_paths(paths)

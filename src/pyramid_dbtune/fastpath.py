@@ -18,13 +18,13 @@ that takes the WSGI environ and returns ``(status, headers, body)``.
 import logging
 import threading
 import weakref
+from collections.abc import Mapping
 from concurrent.futures import Future
 from concurrent.futures import TimeoutError as FutureTimeout
 from time import monotonic
 
-from pyramid.interfaces import IExecutionPolicy
+from pyramid.events import ApplicationCreated
 from pyramid.path import DottedNameResolver
-from pyramid.router import default_execution_policy
 from sqlalchemy import literal_column, select
 
 log = logging.getLogger(__name__)
@@ -72,7 +72,7 @@ class _Dynamic:
         if self.registry is not None:
             environ[REGISTRY_KEY] = self.registry
         try:
-            status, headers, body = self.function(environ)
+            status, headers, body = _checked(*self.function(environ))
         except Exception:
             log.exception('fast path %s failed', environ.get('PATH_INFO'))
             status, headers, body = (
@@ -80,13 +80,33 @@ class _Dynamic:
                 [('Content-Type', DEFAULT_CONTENT_TYPE)],
                 b'fast path failed\n',
             )
-        if isinstance(body, str):
-            body = body.encode('utf-8')
-        headers = list(headers)
         if not any(k.lower() == 'content-length' for k, _ in headers):
             headers.append(('Content-Length', str(len(body))))
         start_response(status, headers)
         return [] if head else [body]
+
+
+def _checked(status, headers, body):
+    """A callable's answer in WSGI's types, or a TypeError saying why."""
+    if isinstance(body, str):
+        body = body.encode('utf-8')
+    headers = list(headers)
+    if not (
+        isinstance(status, str)
+        and isinstance(body, bytes)
+        and all(
+            isinstance(h, tuple)
+            and len(h) == 2
+            and all(isinstance(v, str) for v in h)
+            for h in headers
+        )
+    ):
+        raise TypeError(
+            'a fast-path callable must return (status str, [(name, value) '
+            f'str pairs], body bytes or str), not {status!r}, {headers!r}, '
+            f'{type(body).__name__}'
+        )
+    return status, headers, body
 
 
 def parse_paths(paths):
@@ -94,7 +114,8 @@ def parse_paths(paths):
 
     ``paths`` is a mapping, or a string of whitespace-separated
     ``/path=answer`` items, where the answer is a body or ``python:`` and a
-    dotted name.
+    dotted name. Paths are written decoded (``/santé``, not ``/sant%C3%A9``)
+    and are kept in WSGI's form, as ``PATH_INFO`` holds them.
     """
     if isinstance(paths, str):
         items = []
@@ -106,22 +127,27 @@ def parse_paths(paths):
                     '/healthz=OK)'
                 )
             items.append((path, answer))
+    elif isinstance(paths, Mapping):
+        items = list(paths.items())
     else:
-        items = list(dict(paths).items())
+        raise FastPathError(
+            'fast paths are a string of /path=answer items or a mapping, '
+            f'not {type(paths).__name__}'
+        )
     table = {}
     for path, answer in items:
         if not isinstance(path, str) or not path.startswith('/'):
             raise FastPathError(f'fast path {path!r} must start with "/"')
-        if path in table:
+        if '%' in path or '?' in path:
+            raise FastPathError(
+                f'fast path {path!r}: write the path decoded, without a '
+                'query string (it is matched against PATH_INFO)'
+            )
+        wsgi_path = path.encode('utf-8').decode('latin-1')
+        if wsgi_path in table:
             raise FastPathError(f'fast path {path!r} is given twice')
         if isinstance(answer, str) and answer.startswith(CALLABLE_PREFIX):
-            name = answer[len(CALLABLE_PREFIX) :]
-            try:
-                answer = DottedNameResolver().resolve(name)
-            except (ImportError, ValueError) as exc:
-                raise FastPathError(
-                    f'fast path {path}: cannot import {name!r}: {exc}'
-                ) from None
+            answer = _resolve(path, answer[len(CALLABLE_PREFIX) :])
         if isinstance(answer, str):
             answer = answer.encode('utf-8')
         if not (isinstance(answer, bytes) or callable(answer)):
@@ -129,8 +155,23 @@ def parse_paths(paths):
                 f'fast path {path}: the answer must be text, bytes or a '
                 f'callable, not {answer!r}'
             )
-        table[path] = answer
+        table[wsgi_path] = answer
     return table
+
+
+def _resolve(path, name):
+    if not name:
+        raise FastPathError(
+            f'fast path {path}: python: needs a dotted name, such as '
+            'python:pyramid_dbtune.fastpath:deep_check'
+        )
+    try:
+        return DottedNameResolver().resolve(name)
+    except Exception as exc:
+        raise FastPathError(
+            f'fast path {path}: cannot import {name!r}: '
+            f'{exc.__class__.__name__}: {exc}'
+        ) from None
 
 
 def _responders(
@@ -149,16 +190,46 @@ def _responders(
     }
 
 
-def wrap(app, paths, *, content_type=DEFAULT_CONTENT_TYPE, cache_control=None):
+def _registry_of(app):
+    """The Pyramid registry of ``app``, looked for through middleware that
+    keeps what it wraps as ``app``, ``application`` or ``wrapped``."""
+    for _ in range(10):
+        registry = getattr(app, 'registry', None)
+        if registry is not None:
+            return registry
+        app = next(
+            (
+                getattr(app, name)
+                for name in ('app', 'application', 'wrapped')
+                if getattr(app, name, None) is not None
+            ),
+            None,
+        )
+    return None
+
+
+def wrap(
+    app,
+    paths,
+    *,
+    content_type=DEFAULT_CONTENT_TYPE,
+    cache_control=None,
+    registry=None,
+):
     """Answer ``paths`` before ``app``; pass everything else to ``app``.
 
     A request is answered here when its ``PATH_INFO`` is exactly one of
     ``paths`` and its method is GET or HEAD (HEAD: the same headers, no
     body). ``content_type`` and ``cache_control`` (default ``no-store``;
-    ``''`` for none) are sent with text answers.
+    ``''`` for none) are sent with text answers. Callables find the
+    Pyramid registry in the environ: ``registry``, or the one of the
+    Pyramid app that ``app`` is or wraps.
     """
     responders = _responders(
-        paths, content_type, cache_control, getattr(app, 'registry', None)
+        paths,
+        content_type,
+        cache_control,
+        registry if registry is not None else _registry_of(app),
     )
     get = responders.get
 
@@ -175,13 +246,23 @@ def wrap(app, paths, *, content_type=DEFAULT_CONTENT_TYPE, cache_control=None):
 
 
 def filter_app_factory(
-    app, global_conf, paths='', content_type=None, cache_control=None
+    app,
+    global_conf,
+    paths='',
+    content_type=None,
+    cache_control=None,
+    **unknown,
 ):
     """The paste filter ``egg:pyramid_dbtune#fastpath``.
 
     Options: ``paths`` (``/ok.html=OK /healthz=OK``), ``content_type`` and
     ``cache_control``.
     """
+    if unknown:
+        raise FastPathError(
+            f'the fastpath filter has no option {", ".join(sorted(unknown))}'
+            '; its options are paths, content_type and cache_control'
+        )
     if not paths.strip():
         raise FastPathError('the fastpath filter needs paths = /path=answer')
     return wrap(
@@ -223,22 +304,22 @@ class _Answer:
 
 
 def install(config, paths):
-    """Wrap the execution policy in effect with the fast paths.
+    """Answer ``paths`` in every router this configuration makes.
 
-    Run as a late action, after pyramid_retry (or anyone) has set theirs.
+    The policy of each new router (Pyramid's, pyramid_retry's, or one set
+    by :meth:`~pyramid.config.Configurator.set_execution_policy`, whenever
+    it was set) is wrapped when the router is made, so nothing set later
+    can leave the fast path out.
     """
-    registry = config.registry
-    responders = _responders(paths, registry=registry)
+    responders = _responders(paths, registry=config.registry)
 
-    def register():
-        policy = registry.queryUtility(
-            IExecutionPolicy, default=default_execution_policy
-        )
-        registry.registerUtility(
-            FastPathPolicy(responders, policy), IExecutionPolicy
+    def wrap_policy(event):
+        router = event.app
+        router.execution_policy = FastPathPolicy(
+            responders, router.execution_policy
         )
 
-    config.action(None, register, order=10)
+    config.add_subscriber(wrap_policy, ApplicationCreated)
 
 
 class _Health:
@@ -249,10 +330,16 @@ class _Health:
         self.answer = None
         self.expires = 0.0
         self.running = None
+        self.started = 0.0
+        self.stranded = 0
 
 
 _healths = weakref.WeakKeyDictionary()
 _healths_lock = threading.Lock()
+#: A ping still running this many timeouts on is given up for a new one;
+#: at most this many given-up pings may hang at once.
+ABANDON_AFTER = 10
+MAX_STRANDED = 3
 
 
 def _health_of(runtime):
@@ -266,6 +353,7 @@ def _health_of(runtime):
 def _ping(runtime, health, future):
     # The in-process cache cannot be down; a shared cache will be pinged
     # here too when there is one.
+    result = ('503 Service Unavailable', 'database check was interrupted')
     try:
         if runtime.router is not None:
             with runtime.router.writer.connect() as connection:
@@ -279,9 +367,27 @@ def _ping(runtime, health, future):
             '503 Service Unavailable',
             f'database unavailable: {exc.__class__.__name__}',
         )
-    with health.lock:
-        health.running = None
-    future.set_result(result)
+    finally:
+        with health.lock:
+            if health.running is future:
+                health.running = None
+            else:
+                health.stranded -= 1  # given up on, and now back
+        future.set_result(result)
+
+
+def _start_ping(runtime, health, now):
+    """Start a ping; the caller holds ``health.lock``."""
+    future = Future()
+    threading.Thread(
+        target=_ping,
+        args=(runtime, health, future),
+        daemon=True,
+        name='pyramid_dbtune deep check',
+    ).start()
+    health.running = future
+    health.started = now
+    return future
 
 
 def deep_check(environ, timeout=1.0, reuse=1.0):
@@ -290,26 +396,28 @@ def deep_check(environ, timeout=1.0, reuse=1.0):
     Answers ``200 OK`` when it answered within ``timeout`` seconds, else
     ``503`` with the reason. One check runs at a time per application and
     its answer is reused for ``reuse`` seconds, so a storm of health checks
-    is never a storm of queries. Map a path to it with
-    ``/healthz=python:pyramid_dbtune.fastpath:deep_check``.
+    is never a storm of queries. A ping that hangs is given up after ten
+    timeouts and a new one started (at most three hang at once). Map a path
+    to it with ``/healthz=python:pyramid_dbtune.fastpath:deep_check``.
     """
     registry = environ.get(REGISTRY_KEY)
     runtime = getattr(registry, 'dbtune', None)
     if runtime is None:
         return _text('500 Internal Server Error', 'no pyramid_dbtune app')
     health = _health_of(runtime)
+    now = monotonic()
     with health.lock:
-        if health.answer is not None and monotonic() < health.expires:
+        if health.answer is not None and now < health.expires:
             return health.answer
         future = health.running
         if future is None:
-            future = health.running = Future()
-            threading.Thread(
-                target=_ping,
-                args=(runtime, health, future),
-                daemon=True,
-                name='pyramid_dbtune deep check',
-            ).start()
+            future = _start_ping(runtime, health, now)
+        elif (
+            now - health.started > ABANDON_AFTER * timeout
+            and health.stranded < MAX_STRANDED
+        ):
+            health.stranded += 1
+            future = _start_ping(runtime, health, now)
     try:
         status, reason = future.result(timeout)
     except FutureTimeout:
