@@ -6,7 +6,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 DEMO_INI := examples/accommodation/development.ini
 
-.PHONY: demo test lint format docs bench-cache bench-fastpath clean
+.PHONY: demo test lint format docs bench-cache bench-fastpath bench-rwsplit clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -44,6 +44,9 @@ bench-cache: $(VENV)/.testing
 
 bench-fastpath: $(VENV)/.testing
 	$(BIN)/python benchmarks/bench_fastpath.py --http
+
+bench-rwsplit: $(VENV)/.testing
+	$(BIN)/python benchmarks/bench_rwsplit.py
 
 clean:
 	rm -rf $(VENV) .coverage .pytest_cache .ruff_cache docs/_build

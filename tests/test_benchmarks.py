@@ -54,3 +54,15 @@ def test_bench_fastpath_runs_over_http():
     assert 'Over HTTP' in out
     assert 'waitress: filter within' in out
     assert 'gunicorn: filter within' in out
+
+
+def test_bench_rwsplit_runs():
+    done = subprocess.run(
+        [sys.executable, str(BENCHMARKS / 'bench_rwsplit.py'), '--quick'],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert 'parallel reads = ' in done.stdout
+    assert '8 reads, one shared connection' in done.stdout
