@@ -266,20 +266,22 @@ def test_reads_go_to_a_reader_writes_and_later_reads_to_the_writer(
 
 
 def test_several_readers_share_the_reads(postgresql_url, apps):
-    methods = [{'name': 'one', 'sql': 'SELECT :n AS n'}]
+    marker = f'm{uuid.uuid4().hex}'
+    slow = {'name': 'slow', 'sql': sleep_sql(postgresql_url, 0.3, marker)}
     two = f'{postgresql_url} {postgresql_url}'
-    app = apps(postgresql_url, methods, {'dbtune.read_urls': two})
+    app = apps(postgresql_url, [slow], {'dbtune.read_urls': two})
     log = query_log(app)
-    marker_sql = 'SELECT pg_sleep(0.2) AS z, :n AS n'
-    run_threads(
-        4,
-        lambda i: prepare(registry=app.app.registry)['request'].sql.one(n=i),
-    )
+    run_threads(4, lambda i: call(app, ('slow', {'n': i})))
+    # Four reads in flight at once: each went to the reader with fewer.
+    assert log.count(marker, engine='reader0') == 2
+    assert log.count(marker, engine='reader1') == 2
+    assert log.count(marker, engine='writer') == 0
+
+
+def test_dbsession_is_not_two_phase(sqlite_url, apps):
+    app = apps(sqlite_url, [])
     request = prepare(registry=app.app.registry)['request']
-    assert request.sql.one(n=1)[0].n == 1
-    assert log.count('SELECT', engine='reader0') >= 1
-    assert log.count('SELECT', engine='reader1') >= 1
-    assert marker_sql
+    assert request.dbsession.twophase is False
 
 
 DEAD = 'postgresql+psycopg://nobody@127.0.0.1:1/none'
