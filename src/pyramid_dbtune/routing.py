@@ -12,6 +12,8 @@ from nor stored in the cache. After a commit the cached results of the
 tables written are invalidated; an abort invalidates nothing.
 """
 
+import functools
+import itertools
 import logging
 import os
 import threading
@@ -20,10 +22,12 @@ import weakref
 from time import monotonic, perf_counter
 
 import transaction.interfaces
+import zope.interface
+from pyramid_retry import IRetryableError
 from sqlalchemy import create_engine, event
 from sqlalchemy.engine import make_url
 from sqlalchemy.exc import DBAPIError
-from zope.sqlalchemy import mark_changed
+from zope.sqlalchemy import mark_changed, register
 
 from .cache import HIT, MISS, STALE, WAITED
 from .errors import (
@@ -36,14 +40,14 @@ from .rows import Rows
 
 log = logging.getLogger(__name__)
 
-#: How a read's connection is made read-only, and made writable again
-#: after, by dialect. PostgreSQL's driver does it by an execution option.
-#: SET TRANSACTION applies to the transaction the read is about to begin.
+#: How a read on the writer is made read-only, and the connection made
+#: writable again after, by dialect. PostgreSQL's driver does it by an
+#: execution option. SET TRANSACTION applies to the transaction the read is
+#: about to begin.
+_SET_TRANSACTION = frozenset(['mysql', 'mariadb', 'oracle'])
 _READ_ONLY = {
     'sqlite': ('PRAGMA query_only = ON', 'PRAGMA query_only = OFF'),
-    'mysql': ('SET TRANSACTION READ ONLY', None),
-    'mariadb': ('SET TRANSACTION READ ONLY', None),
-    'oracle': ('SET TRANSACTION READ ONLY', None),
+    **dict.fromkeys(_SET_TRANSACTION, ('SET TRANSACTION READ ONLY', None)),
 }
 #: A reader that failed is left alone this long, doubling to the maximum.
 FIRST_BACKOFF = 1.0
@@ -72,6 +76,29 @@ def make_engine(url, **kw):
     engine = create_engine(url, **kw)
     event.listen(engine, 'handle_error', mark_retryable)
     return engine
+
+
+def make_read_only(engine):
+    """Make every transaction on ``engine`` read-only: a statement taken
+    for a read that writes then fails, rather than being rolled back
+    unseen, and a session that writes through a reader fails too."""
+    dialect = engine.dialect.name
+    if dialect == 'postgresql':
+        engine.update_execution_options(postgresql_readonly=True)
+    elif dialect == 'sqlite':
+        event.listen(
+            engine,
+            'connect',
+            lambda dbapi, record: dbapi.execute('PRAGMA query_only = ON'),
+        )
+    elif dialect in _SET_TRANSACTION:  # pragma: no branch (others: as is)
+        event.listen(
+            engine,
+            'begin',
+            lambda connection: connection.exec_driver_sql(
+                'SET TRANSACTION READ ONLY'
+            ),
+        )
 
 
 class Reader:
@@ -104,6 +131,14 @@ class Router:
             Reader(make_engine(url, pool_size=settings.read_pool_size))
             for url in urls
         ]
+        for reader in self.readers:
+            make_read_only(reader.engine)
+            event.listen(
+                reader.engine,
+                'handle_error',
+                functools.partial(self._reader_error, reader),
+            )
+        self._turn = itertools.count()
         self.replicas = settings.read_urls is not None
         self.dialect = self.writer.dialect.name
         self._read_only, self._writable = _READ_ONLY.get(
@@ -146,7 +181,9 @@ class Router:
             up = [r for r in self.readers if r.down_until <= now]
             if not up:
                 return None
-            reader = min(up, key=lambda r: r.in_flight)
+            # Ties go round: the rotation starts each pick elsewhere.
+            turn = next(self._turn) % len(up)
+            reader = min(up[turn:] + up[:turn], key=lambda r: r.in_flight)
             reader.in_flight += 1
             return reader
 
@@ -186,12 +223,8 @@ class Router:
         return self._read_on(self.writer, statement, params, max_rows)
 
     def _read_on(self, engine, statement, params, max_rows):
-        return self._read_with(engine.connect(), statement, params, max_rows)
-
-    def _read_with(self, connection, statement, params, max_rows):
-        # Read-only: a statement taken for a read that writes then fails,
-        # rather than being rolled back unseen.
-        with connection:
+        """A read on the writer, made read-only for the read alone."""
+        with engine.connect() as connection:
             if self.dialect == 'postgresql':
                 connection.execution_options(postgresql_readonly=True)
             if self._read_only:
@@ -202,18 +235,39 @@ class Router:
                 if self._writable:
                     connection.exec_driver_sql(self._writable)
 
+    def _read_with(self, connection, statement, params, max_rows):
+        """A read on a reader's connection (read-only already)."""
+        with connection:
+            return fetch(connection.execute(statement, params), max_rows)
+
+    def _reader_error(self, reader, context):
+        """``handle_error`` on a reader: one that cannot be reached is
+        taken out, and the error made retryable, so that pyramid_retry
+        runs a session's read again, on the writer."""
+        error = context.sqlalchemy_exception
+        # A driver's error on connecting, or a lost connection: the reader
+        # is out. Anything else is the statement's, or the program's.
+        if error is not None and (
+            context.connection is None or context.is_disconnect
+        ):
+            self._down(reader, context.original_exception)
+            zope.interface.alsoProvides(error, IRetryableError)
+
     def _down(self, reader, exc):
+        now = monotonic()
         with self._lock:
+            if reader.down_until > now:
+                return  # taken out already, by a read at the same time
             was_up = reader.backoff == 0
             reader.backoff = min(
                 MAX_BACKOFF, max(FIRST_BACKOFF, reader.backoff * 2)
             )
-            reader.down_until = monotonic() + reader.backoff
+            reader.down_until = now + reader.backoff
         if was_up:
             log.warning(
                 'read database %s is down, its reads go to the writer: %s',
                 reader.name,
-                exc.orig,
+                getattr(exc, 'orig', exc),
             )
 
     def _up(self, reader):
@@ -293,8 +347,13 @@ os.register_at_fork(after_in_child=_after_fork)
 
 
 class UnitOfWork:
-    """The writing side of one request: its write slot, what it wrote, and
-    whether the client is pinned to the writer."""
+    """The writing side of a transaction: its write slot, its session, what
+    it wrote, and whether the client is pinned to the writer.
+
+    One unit serves every request that shares a transaction: a subrequest
+    run in its parent's transaction reads the parent's writes and does not
+    wait for the slot its parent holds.
+    """
 
     def __init__(self, request, router, cache):
         self.request = request
@@ -305,6 +364,7 @@ class UnitOfWork:
         #: True when reads must go to the writer (pinned after a write).
         self.pinned = False
         self.write_wait = 0.0
+        self._session = None
         self._slot = False
         self._tables = set()
         self._all_tables = False
@@ -313,9 +373,36 @@ class UnitOfWork:
             pin = request.cookies.get(PIN_COOKIE, '')
             self.pinned = pin.isdigit() and int(pin) > time.time()
 
+    @classmethod
+    def of(cls, request, router, cache):
+        """The unit of the request's transaction, made if it has none."""
+        try:
+            txn = request.tm.get()
+        except transaction.interfaces.NoTransaction:
+            return cls(request, router, cache)
+        try:
+            return txn.data(router)
+        except KeyError:
+            unit = cls(request, router, cache)
+            txn.set_data(router, unit)
+            return unit
+
     @property
     def session(self):
-        return self.request.dbsession
+        """The :class:`~pyramid_dbtune.RoutingSession` of this unit."""
+        if self._session is None:
+            from .session import RoutingSession
+
+            self._session = RoutingSession(self)
+            register(self._session, transaction_manager=self.request.tm)
+        return self._session
+
+    def flush(self):
+        """Flush the session's pending changes, as an ORM query would,
+        before a SQL method routes its call."""
+        session = self._session
+        if session is not None and session.autoflush:
+            session.flush()
 
     def begin_write(self, tables, what):
         """Note a write of ``tables`` (``None``: unknown) in the current
@@ -331,16 +418,36 @@ class UnitOfWork:
             self.write_wait += self.router.acquire_write_slot()
             self._slot = True
             self.dirty = True
+            txn.set_data(self.router, self)
             txn.addAfterCommitHook(self._after_commit)
             txn.addAfterAbortHook(self._finish)
             self.request.add_finished_callback(self._release_at_the_end)
+            self._let_go_of_the_reader()
         if tables is None:
             self._all_tables = True
         else:
             self._tables.update(tables)
 
+    def _let_go_of_the_reader(self):
+        # From the first write on, the session works on the writer. Its
+        # reader connection is rolled back and returned now, so that it is
+        # neither held nor committed with the writer's transaction.
+        # SQLAlchemy has no public way to drop one bind of a session's
+        # transaction, hence its private table of connections.
+        if self._session is None:
+            return
+        txn = self._session.get_transaction()
+        connections = getattr(txn, '_connections', None) or {}
+        for reader in self.router.readers:
+            entry = connections.pop(reader.engine, None)
+            if entry is not None:
+                connection, reading = entry[0], entry[1]
+                connections.pop(connection, None)
+                reading.rollback()
+                connection.close()
+
     def execute(self, method, statement, params):
-        """Run a SQL method's statement in the request's transaction."""
+        """Run a SQL method's statement in the transaction's session."""
         if method.writes:
             self.begin_write(method.tables, f'SQL method {method.name}()')
         session = self.session
@@ -411,7 +518,12 @@ class RequestContext:
     def __init__(self, request):
         runtime = request.registry.dbtune
         self.runtime = runtime
-        self.unit = UnitOfWork(request, runtime.router, runtime.cache)
+        if runtime.router is None:
+            raise RuntimeError(
+                'pyramid_dbtune has no database: set dbtune.url (or '
+                'sqlalchemy.url) to use request.sql or request.dbsession'
+            )
+        self.unit = UnitOfWork.of(request, runtime.router, runtime.cache)
         self.cache = dict.fromkeys((HIT, MISS, STALE, WAITED, 'uncached'), 0)
         self.queries = 0
         self.db_seconds = 0.0
@@ -481,10 +593,13 @@ class BoundSQLMethod:
                 f'SQL method {method.name}() takes keyword arguments only'
             )
         context = self._context
-        if method.writes or context.unit.dirty:
+        unit = context.unit
+        if unit._session is not None:
+            unit.flush()
+        if method.writes or unit.dirty:
             context.cache['uncached'] += 1
             return context.execute(method, params)
-        if not self.cache_time or context.unit.pinned:
+        if not self.cache_time or unit.pinned:
             context.cache['uncached'] += 1
             return context.read(method, params)
         values = method.values(params)

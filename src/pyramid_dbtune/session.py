@@ -13,7 +13,6 @@ see each other's uncommitted writes.
 import functools
 
 import sqlalchemy as sa
-import zope.sqlalchemy
 from sqlalchemy import event
 from sqlalchemy.orm import Session
 from sqlalchemy.sql.elements import TextClause
@@ -36,10 +35,11 @@ class RoutingSession(Session):
         super().__init__(**kw)
 
     def get_bind(self, mapper=None, clause=None, **kw):
-        """The writer once the request has written (or while flushing),
-        else the reader chosen for this session."""
-        if self.unit.dirty or self._flushing:
-            return self.unit.router.writer
+        """The writer once the transaction has written (or while flushing,
+        or while the client is pinned), else this session's reader."""
+        unit = self.unit
+        if unit.dirty or unit.pinned or self._flushing:
+            return unit.router.writer
         return self._reader
 
 
@@ -79,7 +79,6 @@ def _do_orm_execute(state):
 
 
 def dbsession(request):
-    """The request's :class:`RoutingSession`, joined to ``request.tm``."""
-    session = RoutingSession(request.dbtune.unit)
-    zope.sqlalchemy.register(session, transaction_manager=request.tm)
-    return session
+    """The :class:`RoutingSession` of the request's transaction, joined to
+    ``request.tm`` (a subrequest in that transaction shares it)."""
+    return request.dbtune.unit.session
