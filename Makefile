@@ -28,7 +28,10 @@ lint: $(VENV)/.testing
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
 
+# The tests start (and stop) memcached servers of their own: the binary
+# must be here, and .ci/memcached.sh installs it when it is not.
 test: lint
+	bash .ci/memcached.sh
 	$(BIN)/sphinx-build -q -W -b html docs docs/_build/html
 	$(BIN)/pytest --cov --cov-report=term-missing $(PYTEST_ARGS)
 

@@ -4,8 +4,13 @@ Under ``CI=true`` a database server that cannot be reached fails the test;
 elsewhere the test is skipped with the reason.
 """
 
+import contextlib
 import functools
 import os
+import random
+import shutil
+import socket
+import subprocess
 import threading
 import time
 import uuid
@@ -290,3 +295,159 @@ def echo_app(environ, start_response):
 
 def echo_app_factory(global_conf, **settings):
     return echo_app
+
+
+class Memcached:
+    """A memcached server of the test's own, on a free loopback port."""
+
+    def __init__(self):
+        binary = shutil.which('memcached') or '/usr/bin/memcached'
+        if not os.path.exists(binary):
+            server_missing(
+                'memcached', 'not installed (.ci/memcached.sh installs it)'
+            )
+        self.binary = binary
+        self.process = None
+        # Below Linux's ephemeral range (32768 on), so that no socket of
+        # an earlier test's client can hold the port; another on a clash.
+        for _ in range(20):
+            self.port = random.randrange(20000, 32000)
+            self.address = f'127.0.0.1:{self.port}'
+            if self._free() and self.start(required=False):
+                return
+        server_missing('memcached', 'no port could be had for it')
+
+    def _free(self):
+        with socket.socket() as s:
+            try:
+                s.bind(('127.0.0.1', self.port))
+            except OSError:
+                return False
+            return True
+
+    def start(self, required=True):
+        command = [
+            self.binary, '-l', '127.0.0.1', '-p', str(self.port),
+            '-U', '0', '-m', '64', '-t', '2',
+        ]  # fmt: skip
+        if os.geteuid() == 0:
+            command += ['-u', 'root']  # it will not run as root unasked
+        self.process = subprocess.Popen(
+            command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
+        )
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline and self.process.poll() is None:
+            try:
+                socket.create_connection(('127.0.0.1', self.port), 1).close()
+            except OSError:
+                time.sleep(0.02)
+                continue
+            time.sleep(0.05)
+            if self.process.poll() is None:  # it, not another, answered
+                return True
+        self.stop()
+        if required:
+            server_missing(f'memcached on {self.address}', 'did not start')
+        return False
+
+    def stop(self):
+        if self.process is not None and self.process.poll() is None:
+            self.process.kill()
+            self.process.wait(10)
+        self.process = None
+
+    def items(self):
+        """How many items the server holds."""
+        from pymemcache.client.base import Client
+
+        client = Client(('127.0.0.1', self.port), timeout=2)
+        try:
+            return int(client.stats()[b'curr_items'])
+        finally:
+            client.close()
+
+
+@pytest.fixture
+def memcached():
+    server = Memcached()
+    yield server
+    server.stop()
+
+
+@pytest.fixture
+def memcached2():
+    server = Memcached()
+    yield server
+    server.stop()
+
+
+SECRET = 'a test secret, long enough'
+
+
+def shared_settings(*servers, **more):
+    """Settings for the memcached backend on ``servers``."""
+    return {
+        'dbtune.cache.backend': 'memcached',
+        'dbtune.cache.servers': ' '.join(s.address for s in servers),
+        'dbtune.cache.secret': SECRET,
+        'dbtune.cache.dead_retry': '0.2',
+        **more,
+    }
+
+
+class Proxy:
+    """A TCP proxy on loopback in front of a server. ``cut()`` drops its
+    connections and refuses new ones, as a network partition would, while
+    the server behind keeps what it holds; ``mend()`` lets them through."""
+
+    def __init__(self, target_port):
+        self.target = target_port
+        self.port = random.randrange(20000, 32000)
+        self.address = f'127.0.0.1:{self.port}'
+        self._sockets = []
+        self._lock = threading.Lock()
+        self.mend()
+
+    def mend(self):
+        listener = socket.socket()
+        listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        listener.bind(('127.0.0.1', self.port))
+        listener.listen(16)
+        self._listener = listener
+        threading.Thread(
+            target=self._accept, args=(listener,), daemon=True
+        ).start()
+
+    def _accept(self, listener):
+        while True:
+            try:
+                client, _ = listener.accept()
+            except OSError:
+                return  # cut
+            server = socket.create_connection(('127.0.0.1', self.target))
+            with self._lock:
+                self._sockets += [client, server]
+            for a, b in ((client, server), (server, client)):
+                threading.Thread(
+                    target=self._pump, args=(a, b), daemon=True
+                ).start()
+
+    @staticmethod
+    def _pump(source, sink):
+        try:
+            while data := source.recv(65536):
+                sink.sendall(data)
+        except OSError:
+            pass
+        for end in (source, sink):
+            with contextlib.suppress(OSError):
+                end.shutdown(socket.SHUT_RDWR)
+
+    def cut(self):
+        self._listener.close()
+        with self._lock:
+            for end in self._sockets:
+                with contextlib.suppress(OSError):
+                    end.shutdown(socket.SHUT_RDWR)
+                end.close()
+            self._sockets = []

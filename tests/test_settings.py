@@ -60,7 +60,7 @@ def test_url_falls_back_to_sqlalchemy_url():
     [
         ('dbtune.url', 'not a url', 'a database URL'),
         ('sqlalchemy.url', '::', 'a database URL'),
-        ('dbtune.cache.backend', 'redis', 'one of memory, none'),
+        ('dbtune.cache.backend', 'redis', 'one of memory, memcached, none'),
         ('dbtune.cache.max_entries', '0', 'a whole number above 0'),
         ('dbtune.cache.max_entries', 'many', 'a whole number above 0'),
         ('dbtune.cache.max_entries', True, 'a whole number above 0'),
@@ -136,3 +136,36 @@ def test_bad_routing_settings(key, value, accepted):
     with pytest.raises(ConfigurationError) as info:
         parse({key: value})
     assert accepted in str(info.value) and key in str(info.value)
+
+
+def test_memcached_settings():
+    settings = parse(
+        {
+            'dbtune.cache.backend': 'memcached',
+            'dbtune.cache.servers': '127.0.0.1:11211, [::1]:11212',
+            'dbtune.cache.secret': 'x' * 16,
+            'dbtune.cache.namespace': 'shop-2',
+            'dbtune.cache.item_limit': '2MiB',
+        }
+    )
+    assert settings.cache_servers == (('127.0.0.1', 11211), ('::1', 11212))
+    assert settings.cache_namespace == 'shop-2'
+    assert settings.cache_item_limit == 2 * 1024 * 1024
+    assert 'x' * 16 not in repr(settings)
+    listed = parse({'dbtune.cache.servers': ['h:1']}).cache_servers
+    assert listed == (('h', 1),)
+
+
+@pytest.mark.parametrize(
+    'key, value, accepted',
+    [
+        ('dbtune.cache.servers', 'h:0', 'host:port items'),
+        ('dbtune.cache.servers', [], 'host:port items'),
+        ('dbtune.cache.namespace', 'a b', 'up to 40 letters'),
+        ('dbtune.cache.namespace', 'x' * 41, 'up to 40 letters'),
+        ('dbtune.cache.timeout', '0', 'a number of seconds above 0'),
+    ],
+)
+def test_bad_memcached_settings(key, value, accepted):
+    with pytest.raises(ConfigurationError, match=accepted):
+        parse({key: value})

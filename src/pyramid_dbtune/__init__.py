@@ -11,7 +11,7 @@ from pyramid.path import AssetResolver
 
 from . import fastpath
 from . import settings as _settings
-from .cache import make_cache
+from .cache import MAX_EXPIRY, make_cache
 from .errors import WriteInReadError, WriteSlotTimeout
 from .routing import RequestContext, Router, SQLNamespace
 from .rows import Record, Rows
@@ -61,10 +61,19 @@ class DBTune:
                 f'SQL method {method.name!r} needs a database: set '
                 'dbtune.url (or sqlalchemy.url)'
             )
+        cache_time = self.cache_time(method)
+        if (
+            self.settings.cache_backend == 'memcached'
+            and cache_time > MAX_EXPIRY
+        ):
+            raise ConfigurationError(
+                f'SQL method {method.name!r}: a cache time of {cache_time} s '
+                f'is more than memcached keeps (30 days, {MAX_EXPIRY} s)'
+            )
         key = '\0'.join(
             [method.name, str(method.max_rows), self.router.key, method.sql]
         )
-        self.methods[method.name] = (method, self.cache_time(method), key)
+        self.methods[method.name] = (method, cache_time, key)
 
 
 def add_sql_method(config, name, sql=None, **kw):

@@ -351,21 +351,25 @@ def _health_of(runtime):
 
 
 def _ping(runtime, health, future):
-    # The in-process cache cannot be down; a shared cache will be pinged
-    # here too when there is one.
     result = ('503 Service Unavailable', 'database check was interrupted')
+    what = 'database'
     try:
         if runtime.router is not None:
             with runtime.router.writer.connect() as connection:
                 connection.execute(select(literal_column('1')))
+        # A shared cache is pinged too; the in-process one cannot be down.
+        what = 'cache'
+        ping = getattr(runtime.cache, 'ping', None)
+        if ping is not None:
+            ping()
         result = ('200 OK', 'OK')
     except Exception as exc:
         # The answer names the error's kind only: a health check is often
         # public, and error texts name hosts.
-        log.warning('deep check: the database failed: %s', exc)
+        log.warning('deep check: the %s failed: %s', what, exc)
         result = (
             '503 Service Unavailable',
-            f'database unavailable: {exc.__class__.__name__}',
+            f'{what} unavailable: {exc.__class__.__name__}',
         )
     finally:
         with health.lock:
@@ -391,9 +395,10 @@ def _start_ping(runtime, health, now):
 
 
 def deep_check(environ, timeout=1.0, reuse=1.0):
-    """A health check that pings the database.
+    """A health check that pings the database, and memcached if it is the
+    cache.
 
-    Answers ``200 OK`` when it answered within ``timeout`` seconds, else
+    Answers ``200 OK`` when they answered within ``timeout`` seconds, else
     ``503`` with the reason. One check runs at a time per application and
     its answer is reused for ``reuse`` seconds, so a storm of health checks
     is never a storm of queries. A ping that hangs is given up after ten

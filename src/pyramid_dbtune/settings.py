@@ -45,6 +45,44 @@ def as_urls(value):
     return tuple(as_url(url) for url in urls)
 
 
+def as_servers(value):
+    """``host:port`` items, whitespace- or comma-separated."""
+    items = (
+        value.replace(',', ' ').split()
+        if isinstance(value, str)
+        else (list(value))
+    )
+    servers = []
+    for item in items:
+        host, sep, port = str(item).rpartition(':')
+        if not (sep and host and port.isdigit() and 0 < int(port) < 65536):
+            raise Invalid('host:port items such as 127.0.0.1:11211')
+        servers.append((host.strip('[]'), int(port)))
+    if not servers:
+        raise Invalid('host:port items such as 127.0.0.1:11211')
+    return tuple(servers)
+
+
+def as_secret(value):
+    text = str(value)
+    if len(text) < 16:
+        raise Invalid(
+            'a secret of 16 characters or more (a long random string)'
+        )
+    return text
+
+
+def as_namespace(value):
+    text = str(value).strip()
+    if (
+        not text
+        or len(text) > 40
+        or not all(c.isalnum() or c in '_-.' for c in text)
+    ):
+        raise Invalid('up to 40 letters, digits, "_", "-" or "."')
+    return text
+
+
 def one_of(*choices):
     def convert(value):
         text = str(value).strip().lower()
@@ -127,7 +165,14 @@ TABLE = (
     Setting('write_concurrency', positive_int, 1),
     Setting('write_timeout', positive_seconds, 10),
     Setting('pin_after_write', as_seconds, 0),
-    Setting('cache.backend', one_of('memory', 'none'), 'memory'),
+    Setting('cache.backend', one_of('memory', 'memcached', 'none'), 'memory'),
+    Setting('cache.servers', as_servers, None),
+    Setting('cache.secret', as_secret, None),
+    Setting('cache.namespace', as_namespace, 'dbtune'),
+    Setting('cache.timeout', positive_seconds, 0.25),
+    Setting('cache.connect_timeout', positive_seconds, 0.25),
+    Setting('cache.dead_retry', positive_seconds, 5),
+    Setting('cache.item_limit', as_bytes, 1024 * 1024),
     Setting('cache.max_entries', positive_int, 10000),
     Setting('cache.max_bytes', as_bytes, 64 * 1024 * 1024),
     Setting('cache.default_time', as_seconds, 0),
@@ -150,6 +195,13 @@ class Settings:
     write_timeout: float = 10
     pin_after_write: float = 0
     cache_backend: str = 'memory'
+    cache_servers: tuple | None = None
+    cache_secret: str | None = field(default=None, repr=False)
+    cache_namespace: str = 'dbtune'
+    cache_timeout: float = 0.25
+    cache_connect_timeout: float = 0.25
+    cache_dead_retry: float = 5
+    cache_item_limit: int = 1024 * 1024
     cache_max_entries: int = 10000
     cache_max_bytes: int = 64 * 1024 * 1024
     cache_default_time: float = 0
@@ -208,6 +260,18 @@ def parse(settings):
             f'the settings are: {", ".join(accepted)}'
         )
 
+    if values['cache.backend'] == 'memcached':
+        for name in ('cache.servers', 'cache.secret'):
+            if values[name] is None:
+                raise ConfigurationError(
+                    f'{PREFIX}cache.backend = memcached needs {PREFIX}{name}'
+                    + (
+                        ': a shared cache must be signed, with a secret of '
+                        '16 characters or more that only your processes know'
+                        if name == 'cache.secret'
+                        else ' (host:port items such as 127.0.0.1:11211)'
+                    )
+                )
     return Settings(
         **{name.replace('.', '_'): value for name, value in values.items()},
         cache_times=MappingProxyType(cache_times),

@@ -28,6 +28,10 @@ __all__ = [
 ]
 
 
+#: memcached reads an expiry above 30 days as a date.
+MAX_EXPIRY = 30 * 24 * 3600
+
+
 class NullCache:
     """The ``none`` backend: every call runs the query."""
 
@@ -42,6 +46,10 @@ def make_cache(settings):
     """The cache backend that ``settings`` (parsed) asks for."""
     if settings.cache_backend == 'none':
         return NullCache()
+    if settings.cache_backend == 'memcached':
+        from .memcached import MemcachedCache
+
+        return MemcachedCache(settings)
     return MemoryCache(
         max_entries=settings.cache_max_entries,
         max_bytes=settings.cache_max_bytes,

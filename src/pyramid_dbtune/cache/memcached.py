@@ -1,0 +1,445 @@
+"""The shared cache: memcached, for many processes and machines.
+
+Every process reads the same entries, and a write committed anywhere
+invalidates them everywhere, through per-table generation counters kept in
+memcached. A memcached that is down, slow or full is a miss, never an
+error.
+
+What is stored is signed: each value carries an HMAC-SHA256 of its key and
+its payload under ``dbtune.cache.secret``, checked before anything is
+decoded. The payload is JSON with tagged values, never a pickle: a forged
+or garbled value is rejected and cannot run code.
+"""
+
+import base64
+import datetime
+import decimal
+import hashlib
+import hmac
+import json
+import logging
+import os
+import secrets
+import threading
+import time
+import uuid
+import weakref
+from collections import OrderedDict
+from concurrent.futures import Future
+
+from pymemcache.client.hash import HashClient
+
+from ..analysis import ANY_TABLE
+from ..rows import Rows
+from . import MAX_EXPIRY
+from .memory import HIT, MISS, STALE, WAITED
+
+log = logging.getLogger(__name__)
+
+#: The layout of keys and values; a new one never reads an old one.
+FORMAT = 1
+_SIGNATURE = 32  # bytes of HMAC-SHA256
+_EPOCH = '\0all'  # the generation that invalidating everything bumps
+_LOCK_TIME = 5  # seconds a fill lock lives, if its holder dies
+_MEMO_SIZE = 512
+_FAILED = object()  # what a call that memcached failed returns
+
+
+class Unencodable(TypeError):
+    """A value the row codec has no tag for: its rows are not shared."""
+
+
+def _tag(value):
+    if isinstance(value, bytes):
+        return {'$b': base64.b64encode(value).decode('ascii')}
+    if isinstance(value, decimal.Decimal):
+        return {'$d': str(value)}
+    if isinstance(value, datetime.datetime):
+        return {'$T': value.isoformat()}
+    if isinstance(value, datetime.date):
+        return {'$D': value.isoformat()}
+    if isinstance(value, datetime.time):
+        return {'$t': value.isoformat()}
+    if isinstance(value, datetime.timedelta):
+        return {'$i': [value.days, value.seconds, value.microseconds]}
+    if isinstance(value, uuid.UUID):
+        return {'$u': str(value)}
+    raise Unencodable(type(value).__name__)
+
+
+def _cell(value):
+    # JSON and arrays (dicts and lists) travel as JSON text of their own,
+    # so that their contents are never taken for tags.
+    if isinstance(value, dict | list | tuple):
+        try:
+            return {'$j': json.dumps(value, separators=(',', ':'))}
+        except TypeError:
+            raise Unencodable(type(value).__name__) from None
+    return value
+
+
+_UNTAG = {
+    '$b': base64.b64decode,
+    '$d': decimal.Decimal,
+    '$T': datetime.datetime.fromisoformat,
+    '$D': datetime.date.fromisoformat,
+    '$t': datetime.time.fromisoformat,
+    '$i': lambda v: datetime.timedelta(*v),
+    '$u': uuid.UUID,
+    '$j': json.loads,
+}
+
+
+def _untag(obj):
+    # The only one-key objects the codec writes are tags; the payload
+    # itself has more keys, and JSON cells travel as text.
+    if len(obj) == 1:
+        ((tag, value),) = obj.items()
+        return _UNTAG[tag](value)
+    return obj
+
+
+def encode(rows, generations, expires):
+    """The payload of an entry: JSON, compact, no pickle."""
+    return json.dumps(
+        {
+            'c': rows.columns,
+            'r': [[_cell(v) for v in row] for row in rows.tuples()],
+            't': rows.truncated,
+            'g': sorted(generations.items()),
+            'e': expires,
+        },
+        default=_tag,
+        separators=(',', ':'),
+        allow_nan=True,
+    ).encode('utf-8')
+
+
+def decode(payload):
+    """``(rows, generations, expires)`` from a verified payload."""
+    data = json.loads(payload, object_hook=_untag)
+    return (
+        Rows(data['c'], data['r'], truncated=data['t']),
+        dict(data['g']),
+        data['e'],
+    )
+
+
+class MemcachedCache:
+    """A cache of query results in memcached, shared by processes.
+
+    Counters, as :class:`~pyramid_dbtune.cache.MemoryCache` has them, plus
+    ``errors`` (memcached failures, each a miss), ``rejected`` (values whose
+    signature or encoding failed), ``unencodable`` (rows holding values the
+    codec cannot share) and ``too_big`` (over ``dbtune.cache.item_limit``).
+    """
+
+    def __init__(self, settings):
+        self.servers = settings.cache_servers
+        self.namespace = settings.cache_namespace
+        self.item_limit = settings.cache_item_limit
+        self._secret = settings.cache_secret.encode('utf-8')
+        self._timeouts = (
+            settings.cache_connect_timeout,
+            settings.cache_timeout,
+            settings.cache_dead_retry,
+        )
+        self.hits = self.misses = self.stale = self.waited = 0
+        self.errors = self.rejected = self.unencodable = 0
+        self.too_big = self.discarded = self.invalidations = 0
+        self._failing = False
+        self.after_fork()
+        _caches.add(self)
+
+    def after_fork(self):
+        """A new client, lock and memo: nothing of the parent's is used."""
+        connect_timeout, timeout, dead_retry = self._timeouts
+        self.client = HashClient(
+            list(self.servers),
+            connect_timeout=connect_timeout,
+            timeout=timeout,
+            no_delay=True,
+            use_pooling=True,
+            retry_attempts=1,
+            retry_timeout=dead_retry,
+            dead_timeout=dead_retry,
+            ignore_exc=False,
+            default_noreply=False,
+        )
+        self._lock = threading.Lock()
+        self._inflight = {}
+        self._memo = OrderedDict()
+        self._missed = set()
+
+    # Keys
+
+    def _name(self, *parts):
+        return ':'.join((self.namespace, str(FORMAT), *parts))
+
+    def entry_key(self, key):
+        """memcached's key for a cache key: hashed to fit its 250 bytes,
+        the same in every process."""
+        prefix, values, types = key
+        values = [
+            sorted(map(repr, v)) if isinstance(v, frozenset) else v
+            for v in values
+        ]
+        text = repr((prefix, values, [t.__qualname__ for t in types]))
+        digest = hashlib.blake2b(text.encode('utf-8'), digest_size=20)
+        return self._name('e', digest.hexdigest())
+
+    def _generation_key(self, table):
+        # Table names are short; hashed anyway so any name fits.
+        digest = hashlib.blake2b(table.encode('utf-8'), digest_size=12)
+        return self._name('g', digest.hexdigest())
+
+    # Signing
+
+    def _sign(self, name, payload):
+        mac = hmac.new(self._secret, name.encode('utf-8') + b'\0', 'sha256')
+        mac.update(payload)
+        return mac.digest() + payload
+
+    def _open(self, name, value):
+        """The payload of ``value`` if its signature holds, else None."""
+        if len(value) <= _SIGNATURE:
+            return None
+        mac = hmac.new(self._secret, name.encode('utf-8') + b'\0', 'sha256')
+        mac.update(memoryview(value)[_SIGNATURE:])
+        if not hmac.compare_digest(mac.digest(), value[:_SIGNATURE]):
+            return None
+        return value[_SIGNATURE:]
+
+    # memcached, with failures as misses
+
+    def _call(self, default, method, *args, **kw):
+        try:
+            result = method(*args, **kw)
+        except Exception as exc:
+            self.errors += 1
+            if not self._failing:
+                self._failing = True
+                log.warning(
+                    'memcached %s failed, serving from the database: %s: %s',
+                    ', '.join(f'{h}:{p}' for h, p in self.servers),
+                    exc.__class__.__name__,
+                    exc,
+                )
+            return default
+        if self._failing:
+            self._failing = False
+            log.warning('memcached answers again')
+        return result
+
+    def ping(self):
+        """Raise if no memcached server answers."""
+        self.client.get(self._name('ping'))
+
+    # An entry's generations live on the entry's own server, so that a hit
+    # is one round trip however many servers there are, and losing a server
+    # loses only the entries it held. HashClient says which server a key is
+    # on, and keeps track of the dead, only through these two methods of
+    # its own; they have not changed in pymemcache's 3.x and 4.x releases.
+
+    def _server(self, name):
+        """The client of the server that holds key ``name``, or None."""
+        try:
+            return self.client._get_client(name)
+        except Exception:  # all servers down
+            return None
+
+    def _on(self, server, default, method, *args, **kw):
+        """Run ``method`` (a name) of ``server``'s client, failures as
+        ``default``; a server that missed an invalidation has its epoch
+        bumped first."""
+        if server is None:
+            return default
+        run = self.client._safely_run_func
+        if server.server in self._missed:
+            epoch = self._generation_key(_EPOCH)
+            if (
+                self._call(None, run, server, server.incr, None, epoch, 1)
+                is None
+            ):
+                return default
+            self._missed.discard(server.server)
+        return self._call(
+            default, run, server, getattr(server, method), default, *args, **kw
+        )
+
+    # Reading
+
+    def _generations(self, server, tables, got):
+        """The current generation of each table (and the epoch) on
+        ``server``, from a ``get_many`` answer, seeding those it has not
+        got; None if it cannot tell."""
+        generations = {}
+        for table in (*tables, _EPOCH):
+            raw = got.get(self._generation_key(table))
+            if raw is None:
+                raw = self._seed(server, table)
+                if raw is None:
+                    return None
+            generations[table] = int(raw)
+        return generations
+
+    def _seed(self, server, table):
+        """Start a table's generation on ``server`` at a random number,
+        and return the one it holds. Random: a counter that memcached
+        evicted, and so lost, cannot come back to a value an old entry
+        holds."""
+        key = self._generation_key(table)
+        start = str(secrets.randbits(48)).encode('ascii')
+        if self._on(server, False, 'add', key, start, expire=0):
+            return start
+        return self._on(server, None, 'get', key)
+
+    def _entry(self, name, value):
+        """``(rows, generations, expires)`` of a verified value, or None."""
+        memo = self._memo.get(name)
+        if memo is not None and memo[0] == value:
+            return memo[1]
+        payload = self._open(name, value)
+        if payload is None:
+            self.rejected += 1
+            return None
+        try:
+            entry = decode(payload)
+        except (ValueError, KeyError, TypeError):
+            self.rejected += 1  # signed, but not ours to read: a bug
+            return None
+        with self._lock:
+            self._memo[name] = (value, entry)
+            if len(self._memo) > _MEMO_SIZE:
+                self._memo.popitem(last=False)
+        return entry
+
+    def get_or_fill(self, key, ttl, tables, fill, *args):
+        name = self.entry_key(key)
+        tables = sorted(tables)
+        wanted = [name, *(self._generation_key(t) for t in tables)]
+        wanted.append(self._generation_key(_EPOCH))
+        server = self._server(name)
+        got = self._on(server, None, 'get_many', wanted)
+        if got is None:  # memcached failed: a miss, and nothing stored
+            got, generations = {}, None
+        else:
+            generations = self._generations(server, tables, got)
+        value = got.get(name)
+        entry = self._entry(name, value) if value is not None else None
+        stale = None
+        if entry is not None and entry[1] == generations:
+            rows, _, expires = entry
+            if time.time() < expires:
+                self.hits += 1
+                return rows, HIT
+            stale = rows
+        return self._fill(name, ttl, generations, stale, fill, args)
+
+    # Filling
+
+    def _fill(self, name, ttl, generations, stale, fill, args):
+        with self._lock:
+            future = self._inflight.get(name)
+            leader = future is None
+            if leader:
+                future = self._inflight[name] = Future()
+        if not leader:
+            if stale is not None:
+                self.stale += 1
+                return stale, STALE
+            self.waited += 1
+            return future.result(), WAITED
+        try:
+            lock = self._name('l', name.rsplit(':', 1)[1])
+            mine = self._call(
+                True, self.client.add, lock, b'1', expire=_LOCK_TIME
+            )
+            if not mine and stale is not None:
+                # Another process refreshes it: the old rows meanwhile.
+                self.stale += 1
+                future.set_result(stale)
+                return stale, STALE
+            if not mine and generations is not None:
+                # Another process fills it: wait a little for its rows.
+                rows = self._wait_for(name, generations)
+                if rows is not None:
+                    self.waited += 1
+                    future.set_result(rows)
+                    return rows, WAITED
+            self.misses += 1
+            rows = fill(*args)
+            if generations is not None:
+                self._store(name, rows, ttl, generations)
+            if mine:
+                self._call(None, self.client.delete, lock)
+        except BaseException as exc:
+            future.set_exception(exc)
+            raise
+        else:
+            future.set_result(rows)
+        finally:
+            with self._lock:
+                del self._inflight[name]
+        return rows, MISS
+
+    def _wait_for(self, name, generations, tries=20, pause=0.025):
+        """Rows another process stores under ``name`` for ``generations``
+        within about half a second, or None."""
+        for _ in range(tries):
+            time.sleep(pause)
+            server = self._server(name)
+            value = self._on(server, None, 'get', name)
+            entry = self._entry(name, value) if value is not None else None
+            if entry is not None and entry[1] == generations:
+                return entry[0]
+        return None
+
+    def _store(self, name, rows, ttl, generations):
+        expires = time.time() + ttl
+        try:
+            payload = encode(rows, generations, expires)
+        except Unencodable:
+            self.unencodable += 1
+            return
+        value = self._sign(name, payload)
+        if len(value) > self.item_limit:
+            self.too_big += 1
+            return
+        # Kept past its time by as long again, to be served while one
+        # process refreshes it; never past memcached's 30 days.
+        expire = min(MAX_EXPIRY, max(1, int(ttl * 2 + 1)))
+        self._call(None, self.client.set, name, value, expire=expire)
+
+    # Invalidating
+
+    def invalidate(self, tables):
+        """Bump the generations of ``tables`` (``None``: all) on every
+        server: every process's next read of a result over them misses."""
+        names = [_EPOCH] if tables is None else [*tables, ANY_TABLE]
+        live = {c.server: c for c in list(self.client.clients.values())}
+        for address in self.servers:
+            server = live.get(address)
+            for table in names:
+                key = self._generation_key(table)
+                bumped = self._on(server, _FAILED, 'incr', key, 1)
+                if bumped is _FAILED:
+                    # Unreachable (or taken out as dead): its entries may
+                    # now be stale, so its epoch is bumped before it is
+                    # read again.
+                    self._missed.add(address)
+                    break
+                if bumped is None:  # never set: nothing depends on it
+                    self._seed(server, table)
+        self.invalidations += 1
+
+
+_caches = weakref.WeakSet()
+
+
+def _after_fork():  # pragma: no cover (runs in a forked child)
+    for cache in list(_caches):
+        cache.after_fork()
+
+
+os.register_at_fork(after_in_child=_after_fork)

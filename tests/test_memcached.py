@@ -1,0 +1,502 @@
+"""The shared cache in memcached: real servers on loopback, real OS
+processes sharing them, servers killed and restarted mid-load."""
+
+import datetime
+import decimal
+import json
+import subprocess
+import sys
+import threading
+import time
+import uuid
+from pathlib import Path
+
+import pytest
+from pymemcache.client.base import Client
+from pyramid.config import Configurator
+from pyramid.exceptions import ConfigurationError
+from pyramid.scripting import prepare
+
+from pyramid_dbtune import Rows
+from pyramid_dbtune.cache import memcached as memcached_module
+from pyramid_dbtune.cache.memcached import decode, encode
+
+from conftest import (
+    SECRET,
+    Proxy,
+    call,
+    make_app,
+    query_log,
+    shared_settings,
+)
+
+WORKER = Path(__file__).parent / 'dbtune_worker.py'
+SEARCH = {
+    'name': 'search',
+    'sql': 'SELECT id, rent FROM property WHERE area = :area ORDER BY id',
+    'cache_time': 60,
+}
+SET_RENT = {
+    'name': 'set_rent',
+    'sql': 'UPDATE property SET rent = :rent WHERE id = :id',
+}
+HEADINGLEY = [[1, 90], [2, 120]]
+
+
+def in_another_process(url, settings, *calls, methods=(SEARCH, SET_RENT)):
+    job = {
+        'url': url,
+        'settings': settings,
+        'methods': list(methods),
+        'calls': [list(c) for c in calls],
+    }
+    done = subprocess.run(
+        [sys.executable, str(WORKER), json.dumps(job)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd=WORKER.parent,
+    )
+    assert done.returncode == 0, done.stderr
+    return json.loads(done.stdout)
+
+
+def rows_of(answer, index=0):
+    return answer['results'][index]['rows']
+
+
+def test_two_processes_share_hits_and_invalidations(
+    postgresql_url, memcached, apps
+):
+    settings = shared_settings(memcached)
+    app = apps(postgresql_url, [SEARCH, SET_RENT], settings)
+    first = in_another_process(
+        postgresql_url, settings, ('search', {'area': 'Headingley'})
+    )
+    assert rows_of(first) == HEADINGLEY and first['queries'] == 1
+    # This process hits what the other filled, without a query.
+    log = query_log(app)
+    answer = call(app, ('search', {'area': 'Headingley'}))
+    assert rows_of(answer) == HEADINGLEY and answer['cache']['hit'] == 1
+    assert log.statements == []
+    # A write committed here: the other process's next read is fresh.
+    call(app, ('set_rent', {'id': 1, 'rent': 99}))
+    after = in_another_process(
+        postgresql_url, settings, ('search', {'area': 'Headingley'})
+    )
+    assert rows_of(after) == [[1, 99], [2, 120]]
+    assert after['cache']['miss'] == 1
+
+
+def test_a_hit_in_process_after_one_fill(sqlite_url, memcached, apps):
+    app = apps(sqlite_url, [SEARCH], shared_settings(memcached))
+    log = query_log(app)
+    for _ in range(3):
+        answer = call(app, ('search', {'area': 'Headingley'}))
+        assert rows_of(answer) == HEADINGLEY
+    assert log.count('FROM property') == 1
+    cache = app.app.registry.dbtune.cache
+    assert (cache.hits, cache.misses) == (2, 1)
+
+
+def test_memcached_killed_mid_load_then_back(sqlite_url, memcached, apps):
+    app = apps(sqlite_url, [SEARCH], shared_settings(memcached))
+    cache = app.app.registry.dbtune.cache
+    areas = ['Headingley', 'Burley', 'Hyde Park']
+    expected = {
+        'Headingley': HEADINGLEY,
+        'Burley': [[4, 70]],
+        'Hyde Park': [[3, 80]],
+    }
+    wrong = []
+
+    def load(count):
+        for i in range(count):
+            area = areas[i % 3]
+            answer = call(app, ('search', {'area': area}))
+            if rows_of(answer) != expected[area]:  # pragma: no cover
+                wrong.append(answer)
+
+    load(100)
+    assert cache.hits > 90
+    worker = threading.Thread(target=load, args=(400,))
+    worker.start()
+    memcached.stop()  # in the middle of the 500
+    worker.join()
+    assert wrong == []
+    assert cache.errors >= 1
+    hits = cache.hits
+    memcached.start()  # an empty memcached, on the same port
+    time.sleep(0.3)  # its dead_retry (0.2 s) runs out
+    load(30)
+    assert wrong == [] and cache.hits > hits
+
+
+def test_a_forged_entry_is_rejected_and_never_decoded(
+    sqlite_url, memcached, apps, monkeypatch
+):
+    app = apps(sqlite_url, [SEARCH], shared_settings(memcached))
+    cache = app.app.registry.dbtune.cache
+    call(app, ('search', {'area': 'Headingley'}))
+    # Replies awaited: each forgery is in place before the next read.
+    client = Client(('127.0.0.1', memcached.port), default_noreply=False)
+    prefix = app.app.registry.dbtune.methods['search'][2]
+    name = cache.entry_key((prefix, ('Headingley',), (str,)))
+    genuine = client.get(name)
+    decoded = []
+    monkeypatch.setattr(
+        memcached_module,
+        'decode',
+        lambda payload: decoded.append(payload) or decode(payload),
+    )
+    cache._memo.clear()
+    payload = genuine[32:].replace(b'90', b'1')
+    for forged in (
+        b'\0' * 32 + payload,  # a signature that does not match
+        genuine[:-5],  # truncated
+        genuine[:32],  # nothing but a signature
+        b'garbage',
+    ):
+        client.set(name, forged)
+        answer = call(app, ('search', {'area': 'Headingley'}))
+        assert rows_of(answer) == HEADINGLEY
+    assert cache.rejected == 4
+    assert decoded == [] or all(d != payload for d in decoded)
+    client.close()
+
+
+def test_values_over_the_item_limit_are_not_stored(
+    sqlite_url, memcached, apps
+):
+    settings = shared_settings(memcached, **{'dbtune.cache.item_limit': '64'})
+    app = apps(sqlite_url, [SEARCH], settings)
+    log = query_log(app)
+    call(app, ('search', {'area': 'Headingley'}))
+    call(app, ('search', {'area': 'Headingley'}))
+    assert log.count('FROM property') == 2
+    assert app.app.registry.dbtune.cache.too_big == 2
+
+
+def test_two_servers_share_the_keys_and_losing_one_loses_its_share(
+    sqlite_url, memcached, memcached2, apps
+):
+    one = {'name': 'one', 'sql': 'SELECT :n AS n', 'cache_time': 60}
+    app = apps(sqlite_url, [one], shared_settings(memcached, memcached2))
+    request = prepare(registry=app.app.registry)['request']
+    for n in range(40):
+        request.sql.one(n=n)
+    assert memcached.items() > 10 and memcached2.items() > 10
+    memcached2.stop()
+    request = prepare(registry=app.app.registry)['request']
+    for n in range(40):
+        assert request.sql.one(n=n)[0].n == n
+    counts = request.dbtune.cache
+    # The keys on the server still up are still hits; the rest miss.
+    assert counts['hit'] > 10 and counts['miss'] > 10
+
+
+@pytest.mark.parametrize(
+    'settings, message',
+    [
+        (
+            {'dbtune.cache.servers': '127.0.0.1:11211'},
+            'needs dbtune.cache.secret: a shared cache must be signed',
+        ),
+        ({'dbtune.cache.secret': SECRET}, 'needs dbtune.cache.servers'),
+        (
+            {
+                'dbtune.cache.servers': 'localhost',
+                'dbtune.cache.secret': SECRET,
+            },
+            'host:port items',
+        ),
+        (
+            {
+                'dbtune.cache.servers': '127.0.0.1:11211',
+                'dbtune.cache.secret': 'short',
+            },
+            '16 characters or more',
+        ),
+    ],
+)
+def test_bad_memcached_settings_stop_start_up(settings, message):
+    config = Configurator(
+        settings={'dbtune.cache.backend': 'memcached', **settings}
+    )
+    with pytest.raises(ConfigurationError, match=message):
+        config.include('pyramid_dbtune')
+
+
+def test_cache_times_over_thirty_days_are_refused(sqlite_url, memcached):
+    long = {**SEARCH, 'cache_time': 31 * 24 * 3600}
+    with pytest.raises(ConfigurationError, match='more than memcached keeps'):
+        make_app(sqlite_url, [long], shared_settings(memcached))
+
+
+def test_the_row_codec_keeps_every_sql_value():
+    values = (
+        None,
+        True,
+        3,
+        1.5,
+        'text',
+        b'\x00bytes',
+        decimal.Decimal('1.10'),
+        datetime.date(2026, 9, 1),
+        datetime.datetime(2026, 9, 1, 12, 30),
+        datetime.time(12, 30),
+        datetime.timedelta(days=1, seconds=5),
+        uuid.UUID(int=7),
+        {'json': [1, 2]},
+        [1, 2],
+        (3, 4),
+    )
+    rows = Rows([f'c{i}' for i in range(len(values))], [values])
+    back, generations, expires = decode(encode(rows, {'t': 5}, 9.5))
+    assert back.tuples()[0][:-1] == values[:-1]
+    assert back[0][-1] == [3, 4]  # a tuple comes back a list
+    assert (generations, expires) == ({'t': 5}, 9.5)
+    assert b'pickle' not in encode(rows, {}, 0)
+
+
+def test_rows_the_codec_cannot_share_are_not_stored(
+    sqlite_url, memcached, apps
+):
+    app = apps(sqlite_url, [], shared_settings(memcached))
+    cache = app.app.registry.dbtune.cache
+    odd = Rows(['x'], [(object(),)])
+    key = ('k', (1,), (int,))
+    for _ in range(2):
+        assert (
+            cache.get_or_fill(key, 60, frozenset(), lambda: odd)[1] == 'miss'
+        )
+    assert cache.unencodable == 2
+
+
+def test_waiting_for_another_process_fill(sqlite_url, memcached, apps):
+    app = apps(sqlite_url, [], shared_settings(memcached))
+    cache = app.app.registry.dbtune.cache
+    key = ('k', (1,), (int,))
+    name = cache.entry_key(key)
+    lock = cache._name('l', name.rsplit(':', 1)[1])
+    rows = Rows(['x'], [(1,)])
+    # Another process holds the fill lock, and stores its rows soon.
+    other = Client(('127.0.0.1', memcached.port), default_noreply=False)
+    other.add(lock, b'1', expire=5)
+    generations = cache._generations(cache._server(name), ['t'], {})
+
+    def store_soon():
+        time.sleep(0.1)
+        cache._store(name, rows, 60, generations)
+
+    threading.Thread(target=store_soon).start()
+    got = cache.get_or_fill(key, 60, frozenset(['t']), lambda: 1 / 0)
+    assert got == (rows, 'waited')
+    other.close()
+
+
+def test_stale_while_another_process_refreshes(sqlite_url, memcached, apps):
+    app = apps(sqlite_url, [], shared_settings(memcached))
+    cache = app.app.registry.dbtune.cache
+    key = ('k', (1,), (int,))
+    old = Rows(['x'], [(1,)])
+    cache.get_or_fill(key, 0.01, frozenset(['t']), lambda: old)
+    time.sleep(0.05)  # expired: kept in memcached past its time
+    name = cache.entry_key(key)
+    other = Client(('127.0.0.1', memcached.port), default_noreply=False)
+    other.add(cache._name('l', name.rsplit(':', 1)[1]), b'1', expire=5)
+    got = cache.get_or_fill(key, 60, frozenset(['t']), lambda: 1 / 0)
+    assert got == (old, 'stale')
+    other.close()
+
+
+def test_a_lost_lock_with_no_fill_coming_fills_itself(
+    sqlite_url, memcached, apps
+):
+    app = apps(sqlite_url, [], shared_settings(memcached))
+    cache = app.app.registry.dbtune.cache
+    key = ('k', (2,), (int,))
+    name = cache.entry_key(key)
+    other = Client(('127.0.0.1', memcached.port), default_noreply=False)
+    other.add(cache._name('l', name.rsplit(':', 1)[1]), b'1', expire=5)
+    rows = Rows(['x'], [(2,)])
+    got = cache._fill(name, 60, {'t': 1}, None, lambda: rows, ())
+    assert got == (rows, 'miss')
+    other.close()
+
+
+def test_threads_of_one_process_share_one_fill(sqlite_url, memcached, apps):
+    app = apps(sqlite_url, [], shared_settings(memcached))
+    cache = app.app.registry.dbtune.cache
+    started, release = threading.Event(), threading.Event()
+    rows = Rows(['x'], [(3,)])
+
+    def slow():
+        started.set()
+        release.wait(10)
+        return rows
+
+    key = ('k', (3,), (int,))
+    results = []
+    leader = threading.Thread(
+        target=lambda: results.append(
+            cache.get_or_fill(key, 60, frozenset(), slow)
+        )
+    )
+    leader.start()
+    started.wait(10)
+    follower = threading.Thread(
+        target=lambda: results.append(
+            cache.get_or_fill(key, 60, frozenset(), lambda: 1 / 0)
+        )
+    )
+    follower.start()
+    while not cache.waited:
+        time.sleep(0.005)
+    release.set()
+    leader.join()
+    follower.join()
+    assert sorted(status for _, status in results) == ['miss', 'waited']
+
+
+def test_invalidate_all_and_after_fork(sqlite_url, memcached, apps):
+    app = apps(sqlite_url, [SEARCH], shared_settings(memcached))
+    cache = app.app.registry.dbtune.cache
+    log = query_log(app)
+    call(app, ('search', {'area': 'Headingley'}))
+    cache.invalidate(None)
+    call(app, ('search', {'area': 'Headingley'}))
+    assert log.count('FROM property') == 2
+    client = cache.client
+    cache.after_fork()
+    assert cache.client is not client and cache._memo == {}
+    call(app, ('search', {'area': 'Headingley'}))
+    assert log.count('FROM property') == 2
+
+
+def test_deep_check_reports_memcached_down(sqlite_url, memcached):
+    from webtest import TestApp
+
+    from pyramid_dbtune.fastpath import deep_check, wrap
+
+    config = Configurator(
+        settings={'dbtune.url': sqlite_url, **shared_settings(memcached)}
+    )
+    config.include('pyramid_dbtune')
+    pyramid_app = config.make_wsgi_app()
+    check = wrap(pyramid_app, {'/h': lambda e: deep_check(e, reuse=0)})
+    app = TestApp(check)
+    assert app.get('/h').body == b'OK\n'
+    memcached.stop()
+    assert app.get('/h', status=503).body.startswith(b'cache unavailable')
+    pyramid_app.registry.dbtune.router.dispose()
+
+
+def test_a_server_that_missed_an_invalidation_drops_its_entries(
+    sqlite_url, memcached, apps
+):
+    proxy = Proxy(memcached.port)
+    settings = {
+        **shared_settings(memcached),
+        'dbtune.cache.servers': proxy.address,
+    }
+    app = apps(sqlite_url, [SEARCH, SET_RENT], settings)
+    call(app, ('search', {'area': 'Headingley'}))
+    proxy.cut()  # memcached keeps its entries, but cannot be reached
+    try:
+        call(app, ('set_rent', {'id': 1, 'rent': 99}))
+        # Still cut: answered from the database, and correctly.
+        answer = call(app, ('search', {'area': 'Headingley'}))
+        assert rows_of(answer) == [[1, 99], [2, 120]]
+    finally:
+        proxy.mend()
+    time.sleep(0.3)  # the client's dead_retry (0.2 s) runs out
+    answer = call(app, ('search', {'area': 'Headingley'}))
+    assert rows_of(answer) == [[1, 99], [2, 120]]
+    proxy.cut()
+
+
+def test_generations_cannot_be_told_without_a_server(
+    sqlite_url, memcached, apps
+):
+    app = apps(sqlite_url, [], shared_settings(memcached))
+    assert app.app.registry.dbtune.cache._generations(None, ['t'], {}) is None
+
+
+def test_a_signed_value_that_is_not_ours_to_read_is_rejected(
+    sqlite_url, memcached, apps
+):
+    app = apps(sqlite_url, [SEARCH], shared_settings(memcached))
+    cache = app.app.registry.dbtune.cache
+    call(app, ('search', {'area': 'Headingley'}))
+    prefix = app.app.registry.dbtune.methods['search'][2]
+    name = cache.entry_key((prefix, ('Headingley',), (str,)))
+    client = Client(('127.0.0.1', memcached.port), default_noreply=False)
+    client.set(name, cache._sign(name, b'{"not": "rows"'))
+    answer = call(app, ('search', {'area': 'Headingley'}))
+    assert rows_of(answer) == HEADINGLEY and cache.rejected == 1
+    client.close()
+
+
+def test_the_memo_is_bounded(sqlite_url, memcached, apps, monkeypatch):
+    monkeypatch.setattr(memcached_module, '_MEMO_SIZE', 1)
+    app = apps(sqlite_url, [SEARCH], shared_settings(memcached))
+    cache = app.app.registry.dbtune.cache
+    for area in ('Headingley', 'Burley', 'Headingley', 'Burley'):
+        call(app, ('search', {'area': area}))
+    assert len(cache._memo) == 1 and cache.hits == 2
+
+
+def test_in_process_waiters_get_stale_rows_or_the_fill_error(
+    sqlite_url, memcached, apps
+):
+    app = apps(sqlite_url, [], shared_settings(memcached))
+    cache = app.app.registry.dbtune.cache
+    key = ('k', (9,), (int,))
+    old = Rows(['x'], [(9,)])
+    cache.get_or_fill(key, 0.01, frozenset(), lambda: old)
+    time.sleep(0.05)
+    started, release = threading.Event(), threading.Event()
+
+    def failing():
+        started.set()
+        release.wait(10)
+        raise RuntimeError('database down')
+
+    errors = []
+
+    def lead():
+        try:
+            cache.get_or_fill(key, 60, frozenset(), failing)
+        except RuntimeError as exc:
+            errors.append(exc)
+
+    leader = threading.Thread(target=lead)
+    leader.start()
+    started.wait(10)
+    assert cache.get_or_fill(key, 60, frozenset(), lambda: 1 / 0) == (
+        old,
+        'stale',
+    )
+    release.set()
+    leader.join()
+    assert [str(e) for e in errors] == ['database down']
+
+
+def test_arrays_of_values_json_cannot_carry_are_not_shared():
+    from pyramid_dbtune.cache.memcached import Unencodable
+
+    with pytest.raises(Unencodable):
+        encode(Rows(['a'], [([datetime.date(2026, 1, 1)],)]), {}, 0)
+
+
+def test_a_missed_server_that_cannot_take_its_epoch_bump_is_a_miss(
+    sqlite_url, memcached, apps
+):
+    app = apps(sqlite_url, [], shared_settings(memcached))
+    cache = app.app.registry.dbtune.cache
+    server = cache._server('x')
+    cache._missed.add(server.server)
+    memcached.stop()
+    assert cache._on(server, 'default', 'get', 'x') == 'default'
+    assert server.server in cache._missed
