@@ -6,7 +6,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 DEMO_INI := examples/accommodation/development.ini
 
-.PHONY: demo test lint format docs bench-cache bench-fastpath bench-rwsplit clean
+.PHONY: demo test lint format docs bench-cache bench-fastpath bench-rwsplit bench-memcached clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -50,6 +50,9 @@ bench-fastpath: $(VENV)/.testing
 
 bench-rwsplit: $(VENV)/.testing
 	$(BIN)/python benchmarks/bench_rwsplit.py
+
+bench-memcached: $(VENV)/.testing
+	$(BIN)/python benchmarks/bench_memcached.py
 
 clean:
 	rm -rf $(VENV) .coverage .pytest_cache .ruff_cache docs/_build

@@ -66,3 +66,14 @@ def test_bench_rwsplit_runs():
     assert done.returncode == 0, done.stdout + done.stderr
     assert 'parallel reads = ' in done.stdout
     assert '8 reads, one shared connection' in done.stdout
+
+
+def test_bench_memcached_runs():
+    done = subprocess.run(
+        [sys.executable, str(BENCHMARKS / 'bench_memcached.py'), '--quick'],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert 'ours / raw get = ' in done.stdout

@@ -500,3 +500,31 @@ def test_a_missed_server_that_cannot_take_its_epoch_bump_is_a_miss(
     memcached.stop()
     assert cache._on(server, 'default', 'get', 'x') == 'default'
     assert server.server in cache._missed
+
+
+def test_with_every_server_taken_out_reads_are_misses(
+    sqlite_url, memcached, apps
+):
+    settings = shared_settings(memcached, **{'dbtune.cache.dead_retry': '30'})
+    app = apps(sqlite_url, [SEARCH], settings)
+    cache = app.app.registry.dbtune.cache
+    memcached.stop()
+    answer = call(app, ('search', {'area': 'Headingley'}))  # it fails
+    assert rows_of(answer) == HEADINGLEY
+    # The client takes the failed server out, as it does after retrying.
+    cache.client.remove_server(('127.0.0.1', memcached.port))
+    assert cache._server('anything') is None
+    answer = call(app, ('search', {'area': 'Headingley'}))
+    assert rows_of(answer) == HEADINGLEY
+
+
+def test_key_and_route_memos_are_bounded(
+    sqlite_url, memcached, apps, monkeypatch
+):
+    monkeypatch.setattr(memcached_module, '_MEMO_SIZE', 0)
+    app = apps(sqlite_url, [SEARCH], shared_settings(memcached))
+    cache = app.app.registry.dbtune.cache
+    for area in ('Headingley', 'Burley', 'Headingley'):
+        call(app, ('search', {'area': area}))
+    assert len(cache._names) <= 1 and len(cache._routes) <= 1
+    assert cache.hits == 1

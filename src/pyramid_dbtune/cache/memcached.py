@@ -170,6 +170,10 @@ class MemcachedCache:
         self._inflight = {}
         self._memo = OrderedDict()
         self._missed = set()
+        self._names = {}
+        self._generation_keys = {}
+        self._routes = {}
+        self._ring = None
 
     # Keys
 
@@ -179,6 +183,14 @@ class MemcachedCache:
     def entry_key(self, key):
         """memcached's key for a cache key: hashed to fit its 250 bytes,
         the same in every process."""
+        name = self._names.get(key)
+        if name is None:
+            name = self._names[key] = self._hash_key(key)
+            if len(self._names) > _MEMO_SIZE * 8:
+                self._names.clear()
+        return name
+
+    def _hash_key(self, key):
         prefix, values, types = key
         values = [
             sorted(map(repr, v)) if isinstance(v, frozenset) else v
@@ -190,8 +202,13 @@ class MemcachedCache:
 
     def _generation_key(self, table):
         # Table names are short; hashed anyway so any name fits.
-        digest = hashlib.blake2b(table.encode('utf-8'), digest_size=12)
-        return self._name('g', digest.hexdigest())
+        name = self._generation_keys.get(table)
+        if name is None:
+            digest = hashlib.blake2b(table.encode('utf-8'), digest_size=12)
+            name = self._generation_keys[table] = self._name(
+                'g', digest.hexdigest()
+            )
+        return name
 
     # Signing
 
@@ -242,11 +259,26 @@ class MemcachedCache:
     # its own; they have not changed in pymemcache's 3.x and 4.x releases.
 
     def _server(self, name):
-        """The client of the server that holds key ``name``, or None."""
-        try:
-            return self.client._get_client(name)
-        except Exception:  # all servers down
-            return None
+        """The client of the server that holds key ``name``, or None.
+
+        Remembered while the set of live servers stays the same: the
+        rendezvous hash is pure Python, and costs more than the rest of a
+        hit."""
+        client = self.client
+        ring = (len(client.clients), len(client._dead_clients))
+        if ring != self._ring:
+            self._routes.clear()
+            self._ring = ring
+        server = self._routes.get(name)
+        if server is None:
+            try:
+                server = client._get_client(name)
+            except Exception:  # all servers down
+                return None
+            if len(self._routes) > _MEMO_SIZE * 8:
+                self._routes.clear()
+            self._routes[name] = server
+        return server
 
     def _on(self, server, default, method, *args, **kw):
         """Run ``method`` (a name) of ``server``'s client, failures as

@@ -1,0 +1,192 @@
+"""What a shared-cache hit costs, against the round trip it cannot avoid.
+
+Side by side in one run, against one memcached started on loopback for
+the run, on the demo's search (50 rows):
+
+1. a raw pymemcache ``get`` of the very bytes pyramid_dbtune stores (the
+   floor: one round trip and nothing else);
+2. a dogpile.cache region on its pymemcache backend, ``get_or_create`` hit
+   (pickled rows);
+3. a pyramid_dbtune hit through ``request.sql``: the entry and its tables'
+   generations in one round trip, the signature checked.
+
+Targets: at most 1.3x the raw get, and faster than the dogpile hit. Each
+figure is the best of several rounds, run in turn.
+
+    .venv/bin/python benchmarks/bench_memcached.py [--quick]
+"""
+
+import argparse
+import os
+import shutil
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import sqlalchemy as sa
+from dogpile.cache import make_region
+from pymemcache.client.base import Client
+from pyramid.config import Configurator
+from pyramid.scripting import prepare
+
+from accommodation.seed import SCHEMA, properties
+
+HERE = Path(__file__).parent
+SEARCH = (
+    HERE.parent / 'examples/accommodation/accommodation/sql/'
+    'search_properties.sql'
+).read_text()
+PARAMS = {
+    'area': 'Headingley',
+    'max_rent': 200,
+    'min_rooms': 1,
+    'available': '2026-12-01',
+}
+
+
+def start_memcached():
+    subprocess.run(['bash', str(HERE.parent / '.ci/memcached.sh')], check=True)
+    binary = shutil.which('memcached') or '/usr/bin/memcached'
+    with socket.socket() as s:
+        s.bind(('127.0.0.1', 0))
+        port = s.getsockname()[1]
+    command = [binary, '-l', '127.0.0.1', '-p', str(port), '-U', '0']
+    if os.geteuid() == 0:
+        command += ['-u', 'root']
+    process = subprocess.Popen(command)
+    for _ in range(200):
+        try:
+            socket.create_connection(('127.0.0.1', port), 1).close()
+            return process, port
+        except OSError:
+            time.sleep(0.02)
+    process.kill()
+    raise RuntimeError('memcached did not start')
+
+
+def best_per_call(function, calls, rounds):
+    best = float('inf')
+    for _ in range(rounds):
+        start = time.perf_counter()
+        for _ in range(calls):
+            function()
+        best = min(best, (time.perf_counter() - start) / calls)
+    return best
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument('--quick', action='store_true')
+    args = parser.parse_args(argv)
+    calls, rounds = (100, 2) if args.quick else (5000, 7)
+    process, port = start_memcached()
+    try:
+        with tempfile.TemporaryDirectory() as tmp:
+            url = f'sqlite:///{tmp}/bench.sqlite'
+            engine = sa.create_engine(url)
+            with engine.begin() as connection:
+                for statement in filter(str.strip, SCHEMA.split(';')):
+                    connection.exec_driver_sql(statement)
+                connection.exec_driver_sql(
+                    'INSERT INTO property VALUES (?, ?, ?, ?, ?, ?, ?)',
+                    list(properties(20000)),
+                )
+            engine.dispose()
+            results, size = measure(url, port, calls, rounds)
+    finally:
+        process.kill()
+        process.wait()
+    report(results, size)
+    return 0
+
+
+def measure(url, port, calls, rounds):
+    config = Configurator(
+        settings={
+            'dbtune.url': url,
+            'dbtune.cache.backend': 'memcached',
+            'dbtune.cache.servers': f'127.0.0.1:{port}',
+            'dbtune.cache.secret': 'a benchmark secret of some length',
+        }
+    )
+    config.include('pyramid_dbtune')
+    config.add_sql_method('search', SEARCH, cache_time=3600, max_rows=50)
+    config.commit()
+    request = prepare(registry=config.registry)['request']
+    search = request.sql.search
+    rows = search(**PARAMS)
+    assert search(**PARAMS) == rows and len(rows) == 50
+    runtime = config.registry.dbtune
+    key = (
+        runtime.methods['search'][2],
+        tuple(PARAMS.values()),
+        tuple(type(v) for v in PARAMS.values()),
+    )
+    name = runtime.cache.entry_key(key)
+
+    raw = Client(('127.0.0.1', port), no_delay=True)
+    stored = raw.get(name)
+    assert stored is not None
+
+    region = make_region().configure(
+        'dogpile.cache.pymemcache',
+        expiration_time=3600,
+        arguments={'url': [f'127.0.0.1:{port}']},
+    )
+
+    def dogpile_hit():
+        key = 'search:{area}:{max_rent}:{min_rooms}:{available}'.format(
+            **PARAMS
+        )
+        return region.get_or_create(key, creator)
+
+    def creator():
+        return rows
+
+    assert dogpile_hit() == rows
+    results = {
+        'raw': float('inf'),
+        'dogpile': float('inf'),
+        'ours': float('inf'),
+    }
+    for _ in range(rounds):
+        results['raw'] = min(
+            results['raw'], best_per_call(lambda: raw.get(name), calls, 1)
+        )
+        results['dogpile'] = min(
+            results['dogpile'], best_per_call(dogpile_hit, calls, 1)
+        )
+        results['ours'] = min(
+            results['ours'], best_per_call(lambda: search(**PARAMS), calls, 1)
+        )
+    assert runtime.cache.misses == 1
+    raw.close()
+    runtime.router.dispose()
+    return results, len(stored)
+
+
+def report(results, size):
+    raw = results['raw']
+    rows = [
+        ('raw pymemcache get of the same bytes', results['raw']),
+        ('dogpile.cache pymemcache hit', results['dogpile']),
+        ('pyramid_dbtune memcached hit', results['ours']),
+    ]
+    print(f'A 50-row entry of {size} bytes (signature included), loopback')
+    print(f'{"what":40} {"us/call":>9} {"x raw get":>10}')
+    for name, seconds in rows:
+        print(f'{name:40} {seconds * 1e6:9.1f} {seconds / raw:10.2f}')
+    ours = results['ours'] / raw
+    print(
+        f'\nours / raw get = {ours:.2f} (target <= 1.3: '
+        f'{"met" if ours <= 1.3 else "NOT met"}); ours / dogpile = '
+        f'{results["ours"] / results["dogpile"]:.2f} (target < 1: '
+        f'{"met" if results["ours"] < results["dogpile"] else "NOT met"})'
+    )
+
+
+if __name__ == '__main__':
+    sys.exit(main())
