@@ -19,10 +19,8 @@ load on the machine makes the figures worse, not better.
 """
 
 import argparse
-import os
 import sys
 import tempfile
-import time
 from pathlib import Path
 
 import sqlalchemy as sa
@@ -32,6 +30,7 @@ from pyramid.config import Configurator
 from pyramid.scripting import prepare
 
 from accommodation.seed import SCHEMA, properties
+from common import best_per_call, postgresql_scratch
 
 SEARCH = Path(__file__).parents[1] / (
     'examples/accommodation/accommodation/sql/search_properties.sql'
@@ -42,22 +41,7 @@ PARAMS = {
     'min_rooms': 2,
     'available': '2026-09-01',
 }
-POSTGRESQL_URL = os.environ.get(
-    'DBTUNE_TEST_POSTGRESQL',
-    'postgresql+psycopg://postgres@127.0.0.1:5432/test',
-)
 COUNT = 20000
-
-
-def best_per_call(function, calls, rounds):
-    """The fastest round's seconds per call."""
-    best = float('inf')
-    for _ in range(rounds):
-        start = time.perf_counter()
-        for _ in range(calls):
-            function()
-        best = min(best, (time.perf_counter() - start) / calls)
-    return best
 
 
 def load(url, schema_sql):
@@ -92,24 +76,10 @@ def request_for(url):
 
 def postgresql_url():
     """A URL for a fresh schema, and its cleanup; ``None`` if no server."""
-    admin = sa.create_engine(POSTGRESQL_URL)
-    schema = f'dbtune_bench_{os.getpid()}'
     try:
-        with admin.begin() as connection:
-            connection.exec_driver_sql(f'CREATE SCHEMA {schema}')
+        return postgresql_scratch()
     except sa.exc.OperationalError as exc:
-        admin.dispose()
         return None, str(exc).splitlines()[0]
-    url = sa.engine.make_url(POSTGRESQL_URL).update_query_dict(
-        {'options': f'-csearch_path={schema}'}
-    )
-
-    def drop():
-        with admin.begin() as connection:
-            connection.exec_driver_sql(f'DROP SCHEMA {schema} CASCADE')
-        admin.dispose()
-
-    return url.render_as_string(hide_password=False), drop
 
 
 def main(argv=None):

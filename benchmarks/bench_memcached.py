@@ -33,6 +33,7 @@ from pyramid.config import Configurator
 from pyramid.scripting import prepare
 
 from accommodation.seed import SCHEMA, properties
+from common import best_per_call
 
 HERE = Path(__file__).parent
 SEARCH = (
@@ -65,16 +66,6 @@ def start_memcached():
             time.sleep(0.02)
     process.kill()
     raise RuntimeError('memcached did not start')
-
-
-def best_per_call(function, calls, rounds):
-    best = float('inf')
-    for _ in range(rounds):
-        start = time.perf_counter()
-        for _ in range(calls):
-            function()
-        best = min(best, (time.perf_counter() - start) / calls)
-    return best
 
 
 def main(argv=None):

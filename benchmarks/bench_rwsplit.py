@@ -17,7 +17,6 @@ about 8x; writes, serialised by the write slot, about 8x.
 """
 
 import argparse
-import os
 import sys
 import threading
 import time
@@ -27,35 +26,21 @@ from pyramid.config import Configurator
 from pyramid.response import Response
 from webtest import TestApp
 
-POSTGRESQL_URL = os.environ.get(
-    'DBTUNE_TEST_POSTGRESQL',
-    'postgresql+psycopg://postgres@127.0.0.1:5432/test',
-)
+from common import POSTGRESQL_URL, postgresql_scratch
+
 CONCURRENCY = 8
 
 
 def scratch_schema():
-    admin = sa.create_engine(POSTGRESQL_URL)
-    schema = f'dbtune_bench_{os.getpid()}'
-    with admin.begin() as connection:
-        connection.exec_driver_sql(f'CREATE SCHEMA {schema}')
+    url, drop = postgresql_scratch()
+    engine = sa.create_engine(url)
+    with engine.begin() as connection:
         connection.exec_driver_sql(
-            f'CREATE TABLE {schema}.counter (id INTEGER PRIMARY KEY, '
-            'n INTEGER)'
+            'CREATE TABLE counter (id INTEGER PRIMARY KEY, n INTEGER)'
         )
-        connection.exec_driver_sql(
-            f'INSERT INTO {schema}.counter VALUES (1, 0)'
-        )
-    url = sa.engine.make_url(POSTGRESQL_URL).update_query_dict(
-        {'options': f'-csearch_path={schema}'}
-    )
-
-    def drop():
-        with admin.begin() as connection:
-            connection.exec_driver_sql(f'DROP SCHEMA {schema} CASCADE')
-        admin.dispose()
-
-    return url.render_as_string(hide_password=False), drop
+        connection.exec_driver_sql('INSERT INTO counter VALUES (1, 0)')
+    engine.dispose()
+    return url, drop
 
 
 def make_app(url, seconds):

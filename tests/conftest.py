@@ -82,18 +82,24 @@ def _mysql_database():
     )
 
 
+_SERVERS = {'postgresql': _postgresql_schema, 'mysql': _mysql_database}
+
+
 @pytest.fixture(params=['sqlite', 'postgresql', 'mysql'])
 def db_url(request, tmp_path):
     """An empty database of each kind, as a URL."""
     if request.param == 'sqlite':
         yield f'sqlite:///{tmp_path / "test.sqlite"}'
         return
-    make = (
-        _postgresql_schema
-        if request.param == 'postgresql'
-        else (_mysql_database)
-    )
-    url, drop = make()
+    url, drop = _SERVERS[request.param]()
+    yield url
+    drop()
+
+
+@pytest.fixture(params=['postgresql', 'mysql'])
+def server_url(request):
+    """An empty PostgreSQL schema, then an empty MariaDB database."""
+    url, drop = _SERVERS[request.param]()
     yield url
     drop()
 

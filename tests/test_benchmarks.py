@@ -10,33 +10,28 @@ from conftest import IN_CI
 BENCHMARKS = Path(__file__).parents[1] / 'benchmarks'
 
 
-def test_bench_cache_runs_and_prints_its_ratios():
+def run(script, *args):
+    """Run a benchmark with ``--quick``; its output, or a failure."""
     done = subprocess.run(
-        [sys.executable, str(BENCHMARKS / 'bench_cache.py'), '--quick'],
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
-    assert done.returncode == 0, done.stderr
-    assert 'dogpile hit / our hit = ' in done.stdout
-    assert 'SQLite query / our hit = ' in done.stdout
-    if IN_CI:
-        assert 'skipped' not in done.stdout
-
-
-def run_benchmark(*args):
-    done = subprocess.run(
-        [sys.executable, str(BENCHMARKS / 'bench_fastpath.py'), *args],
+        [sys.executable, str(BENCHMARKS / script), '--quick', *args],
         capture_output=True,
         text=True,
         timeout=600,
     )
-    assert done.returncode == 0, done.stderr
+    assert done.returncode == 0, done.stdout + done.stderr
     return done.stdout
 
 
-def test_bench_fastpath_runs_in_process():
-    out = run_benchmark('--quick')
+def test_bench_cache():
+    out = run('bench_cache.py')
+    assert 'dogpile hit / our hit = ' in out
+    assert 'SQLite query / our hit = ' in out
+    if IN_CI:
+        assert 'skipped' not in out
+
+
+def test_bench_fastpath_in_process():
+    out = run('bench_fastpath.py')
     for name in (
         'bare WSGI callable',
         'fastpath filter',
@@ -48,32 +43,19 @@ def test_bench_fastpath_runs_in_process():
     assert 'filter adds' in out and 'include-only costs' in out
 
 
-def test_bench_fastpath_runs_over_http():
+def test_bench_fastpath_over_http():
     # Installs wrk when missing, starts waitress and gunicorn on loopback.
-    out = run_benchmark('--quick', '--http')
+    out = run('bench_fastpath.py', '--http')
     assert 'Over HTTP' in out
     assert 'waitress: filter within' in out
     assert 'gunicorn: filter within' in out
 
 
-def test_bench_rwsplit_runs():
-    done = subprocess.run(
-        [sys.executable, str(BENCHMARKS / 'bench_rwsplit.py'), '--quick'],
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
-    assert done.returncode == 0, done.stdout + done.stderr
-    assert 'parallel reads = ' in done.stdout
-    assert '8 reads, one shared connection' in done.stdout
+def test_bench_rwsplit():
+    out = run('bench_rwsplit.py')
+    assert 'parallel reads = ' in out
+    assert '8 reads, one shared connection' in out
 
 
-def test_bench_memcached_runs():
-    done = subprocess.run(
-        [sys.executable, str(BENCHMARKS / 'bench_memcached.py'), '--quick'],
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
-    assert done.returncode == 0, done.stdout + done.stderr
-    assert 'ours / raw get = ' in done.stdout
+def test_bench_memcached():
+    assert 'ours / raw get = ' in run('bench_memcached.py')

@@ -23,25 +23,10 @@ from pyramid_dbtune.errors import is_retryable
 from conftest import (
     MYSQL_URL,
     POSTGRESQL_URL,
-    _mysql_database,
-    _postgresql_schema,
     call,
     create_tables,
     query_log,
 )
-
-
-@pytest.fixture(params=['postgresql', 'mysql'])
-def server_url(request):
-    """An empty PostgreSQL schema, then an empty MariaDB database."""
-    make = (
-        _postgresql_schema
-        if request.param == 'postgresql'
-        else (_mysql_database)
-    )
-    url, drop = make()
-    yield url
-    drop()
 
 
 def sleep_sql(url, seconds, marker):
