@@ -15,10 +15,8 @@ tables written are invalidated; an abort invalidates nothing.
 import functools
 import itertools
 import logging
-import os
 import threading
 import time
-import weakref
 from time import monotonic, perf_counter
 
 import transaction.interfaces
@@ -29,6 +27,7 @@ from sqlalchemy.engine import make_url
 from sqlalchemy.exc import DBAPIError
 from zope.sqlalchemy import mark_changed, register
 
+from . import forks
 from .cache import HIT, MISS, STALE, WAITED
 from .errors import (
     WriteInReadError,
@@ -149,7 +148,7 @@ class Router:
         self.write_wait_seconds = 0.0
         self._recent = {}
         self._reset_locks()
-        _routers.add(self)
+        forks.renew_after_fork(self)
 
     def _reset_locks(self):
         self._lock = threading.Lock()
@@ -329,21 +328,6 @@ class Router:
                 self.settings.write_timeout, self.settings.write_concurrency
             )
         return waited
-
-
-# Nothing opened before a fork is used after it (gunicorn --preload): the
-# child drops the parent's pooled connections without closing them (they
-# are the parent's), and makes its locks anew (another thread of the
-# parent may have held one at the fork).
-_routers = weakref.WeakSet()
-
-
-def _after_fork():  # pragma: no cover (runs in a forked child)
-    for router in list(_routers):
-        router.after_fork()
-
-
-os.register_at_fork(after_in_child=_after_fork)
 
 
 class UnitOfWork:

@@ -18,17 +18,16 @@ import hashlib
 import hmac
 import json
 import logging
-import os
 import secrets
 import threading
 import time
 import uuid
-import weakref
 from collections import OrderedDict
 from concurrent.futures import Future
 
 from pymemcache.client.hash import HashClient
 
+from .. import forks
 from ..analysis import ANY_TABLE
 from ..rows import Rows
 from . import MAX_EXPIRY
@@ -149,7 +148,7 @@ class MemcachedCache:
         self.too_big = self.discarded = self.invalidations = 0
         self._failing = False
         self.after_fork()
-        _caches.add(self)
+        forks.renew_after_fork(self)
 
     def after_fork(self):
         """A new client, lock and memo: nothing of the parent's is used."""
@@ -464,14 +463,3 @@ class MemcachedCache:
                 if bumped is None:  # never set: nothing depends on it
                     self._seed(server, table)
         self.invalidations += 1
-
-
-_caches = weakref.WeakSet()
-
-
-def _after_fork():  # pragma: no cover (runs in a forked child)
-    for cache in list(_caches):
-        cache.after_fork()
-
-
-os.register_at_fork(after_in_child=_after_fork)

@@ -6,14 +6,13 @@ fill while others are served the expired value; and dogpile's hit path
 costs more than twice this one (``benchmarks/bench_cache.py``).
 """
 
-import os
 import sys
 import threading
-import weakref
 from collections import OrderedDict
 from concurrent.futures import Future
 from time import monotonic
 
+from .. import forks
 from ..analysis import ANY_TABLE
 
 HIT = 'hit'
@@ -36,19 +35,6 @@ def estimate_size(key, value):
         for item in record:
             size += getsizeof(item)
     return size
-
-
-# A lock that another thread of the parent held at a fork stays held in the
-# child, and a fill in flight there never finishes: both are made anew.
-_caches = weakref.WeakSet()
-
-
-def _after_fork():  # pragma: no cover (runs in a forked child)
-    for cache in list(_caches):
-        cache.after_fork()
-
-
-os.register_at_fork(after_in_child=_after_fork)
 
 
 class _Entry:
@@ -86,7 +72,7 @@ class MemoryCache:
         # was invalidated while it ran (it may have read the old rows).
         self._epoch = 0
         self._generations = {}
-        _caches.add(self)
+        forks.renew_after_fork(self)
 
     def __len__(self):
         return len(self._data)
