@@ -179,8 +179,22 @@ def fail_view(exc, request):
     return {'error': str(exc)}
 
 
-def make_app(url, methods=(), settings=None, tables=True):
-    """A WebTest app with ``methods`` (``SQLMethod`` or kwargs) registered."""
+#: SQL methods over the tables create_tables makes, and what they return.
+SEARCH = {
+    'name': 'search',
+    'sql': 'SELECT id, rent FROM property WHERE area = :area ORDER BY id',
+    'cache_time': 20,
+}
+SET_RENT = {
+    'name': 'set_rent',
+    'sql': 'UPDATE property SET rent = :rent WHERE id = :id',
+}
+HEADINGLEY = [[1, 90], [2, 120]]
+
+
+def make_app(url, methods=(), settings=None, tables=True, views=None):
+    """A WebTest app with ``methods`` (``SQLMethod`` or kwargs) registered,
+    the /call view, and ``views`` (path: view, rendered as JSON)."""
     if tables:
         create_tables(url)
     with Configurator(
@@ -195,6 +209,9 @@ def make_app(url, methods=(), settings=None, tables=True):
         config.add_route('call', '/call')
         config.add_view(call_view, route_name='call', renderer='json')
         config.add_view(fail_view, context=Fail, renderer='json')
+        for path, view in (views or {}).items():
+            config.add_route(path, path)
+            config.add_view(view, route_name=path, renderer='json')
         app = config.make_wsgi_app()
     return TestApp(app)
 

@@ -10,23 +10,20 @@ from pyramid.scripting import prepare
 
 import pyramid_dbtune.cache.memory
 
-from conftest import add_sleep_function, call, query_log
+from conftest import (
+    HEADINGLEY,
+    SEARCH,
+    SET_RENT,
+    add_sleep_function,
+    call,
+    query_log,
+)
 
-SEARCH = {
-    'name': 'search',
-    'sql': 'SELECT id, rent FROM property WHERE area = :area ORDER BY id',
-    'cache_time': 20,
-}
 AREAS = {
     'name': 'areas',
     'sql': 'SELECT name FROM area ORDER BY name',
     'cache_time': 20,
 }
-SET_RENT = {
-    'name': 'set_rent',
-    'sql': 'UPDATE property SET rent = :rent WHERE id = :id',
-}
-HEADINGLEY = [[1, 90], [2, 120]]
 
 
 class Clock:

@@ -22,7 +22,10 @@ from pyramid_dbtune.cache import memcached as memcached_module
 from pyramid_dbtune.cache.memcached import decode, encode
 
 from conftest import (
+    HEADINGLEY,
+    SEARCH,
     SECRET,
+    SET_RENT,
     Proxy,
     call,
     make_app,
@@ -31,16 +34,6 @@ from conftest import (
 )
 
 WORKER = Path(__file__).parent / 'dbtune_worker.py'
-SEARCH = {
-    'name': 'search',
-    'sql': 'SELECT id, rent FROM property WHERE area = :area ORDER BY id',
-    'cache_time': 60,
-}
-SET_RENT = {
-    'name': 'set_rent',
-    'sql': 'UPDATE property SET rent = :rent WHERE id = :id',
-}
-HEADINGLEY = [[1, 90], [2, 120]]
 
 
 def in_another_process(url, settings, *calls, methods=(SEARCH, SET_RENT)):

@@ -25,6 +25,7 @@ from conftest import (
     POSTGRESQL_URL,
     call,
     create_tables,
+    make_app,
     query_log,
 )
 
@@ -366,16 +367,7 @@ class Property(Base):
 
 
 def session_app(url, view, methods=(), settings=None):
-    create_tables(url)
-    with Configurator(
-        settings={'dbtune.url': url, **(settings or {})}
-    ) as config:
-        config.include('pyramid_dbtune')
-        for method in methods:
-            config.add_sql_method(**method)
-        config.add_route('view', '/view')
-        config.add_view(view, route_name='view', renderer='json')
-        return TestApp(config.make_wsgi_app())
+    return make_app(url, methods, settings, views={'/view': view})
 
 
 CACHED_RENTS = {
