@@ -222,3 +222,15 @@ def test_database_errors_reach_the_caller_and_abort(sqlite_url, apps):
     app = apps(sqlite_url, [method])
     with pytest.raises(Exception, match='no_such_table'):
         call(app, ('bad', {}))
+
+
+def test_two_files_of_one_name_name_both_files(tmp_path, sqlite_url):
+    (tmp_path / 'a.sql').write_text('-- name: same\nSELECT 1')
+    (tmp_path / 'b.sql').write_text('-- name: same\nSELECT 2')
+    config = configure(sqlite_url)
+    with pytest.raises(ConfigurationError) as info:
+        config.add_sql_methods(str(tmp_path))
+    assert 'b.sql and ' in str(info.value) and 'a.sql both name' in str(
+        info.value
+    )
+    config.registry.dbtune.router.dispose()

@@ -47,10 +47,13 @@ def test_sizes(text, size):
 
 
 def test_url_falls_back_to_sqlalchemy_url():
-    settings = parse({'sqlalchemy.url': 'postgresql://u@h/db'})
-    assert settings.url == 'postgresql://u@h/db'
+    settings = parse({'sqlalchemy.url': 'postgresql+psycopg://u@h/db'})
+    assert settings.url == 'postgresql+psycopg://u@h/db'
     settings = parse(
-        {'sqlalchemy.url': 'postgresql://u@h/db', 'dbtune.url': 'sqlite://'}
+        {
+            'sqlalchemy.url': 'postgresql+psycopg://u@h/db',
+            'dbtune.url': 'sqlite://',
+        }
     )
     assert settings.url == 'sqlite://'
 
@@ -152,7 +155,13 @@ def test_memcached_settings():
     assert settings.cache_namespace == 'shop-2'
     assert settings.cache_item_limit == 2 * 1024 * 1024
     assert 'x' * 16 not in repr(settings)
-    listed = parse({'dbtune.cache.servers': ['h:1']}).cache_servers
+    listed = parse(
+        {
+            'dbtune.cache.backend': 'memcached',
+            'dbtune.cache.servers': ['h:1'],
+            'dbtune.cache.secret': 'x' * 16,
+        }
+    ).cache_servers
     assert listed == (('h', 1),)
 
 
@@ -169,3 +178,27 @@ def test_memcached_settings():
 def test_bad_memcached_settings(key, value, accepted):
     with pytest.raises(ConfigurationError, match=accepted):
         parse({key: value})
+
+
+def test_urls_need_a_known_dialect_and_an_installed_driver():
+    with pytest.raises(ConfigurationError, match='a database URL such as'):
+        parse({'dbtune.url': 'foo://x'})
+    with pytest.raises(ConfigurationError) as info:
+        parse({'dbtune.url': 'mysql://u@h/db'})
+    message = str(info.value)
+    assert "whose driver is installed (No module named 'MySQLdb')" in message
+    assert 'mysql+pymysql://' in message
+
+
+def test_a_timeout_longer_than_a_lock_can_wait_is_refused():
+    with pytest.raises(ConfigurationError, match='dbtune.write_timeout'):
+        parse({'dbtune.write_timeout': '1e10'})
+
+
+def test_memcached_settings_under_another_backend_are_an_error():
+    with pytest.raises(ConfigurationError) as info:
+        parse({'dbtune.cache.servers': '127.0.0.1:11211'})
+    assert str(info.value) == (
+        'dbtune.cache.servers is set, but dbtune.cache.backend is memory: '
+        'it applies to memcached only'
+    )

@@ -165,3 +165,24 @@ def test_sql_file_errors_name_file_and_line(tmp_path, text, message):
         load_sql_file(write(tmp_path, 'bad.sql', text))
     assert message in str(info.value)
     assert str(tmp_path) in str(info.value)
+
+
+def test_sql_file_with_a_byte_order_mark(tmp_path):
+    path = tmp_path / 'search.sql'
+    path.write_bytes('\ufeff-- cache_time: 20\nSELECT 1'.encode())
+    method = load_sql_file(path)
+    assert method.cache_time == 20 and not method.writes
+
+
+def test_sql_file_that_is_not_utf8(tmp_path):
+    path = tmp_path / 'latin.sql'
+    path.write_bytes('-- caf\xe9\nSELECT 1'.encode('latin-1'))
+    with pytest.raises(SQLFileError, match='latin.sql: not UTF-8 text'):
+        load_sql_file(path)
+
+
+def test_sql_file_with_an_empty_tables_line(tmp_path):
+    path = tmp_path / 'empty.sql'
+    path.write_text('-- tables: ,\nSELECT 1')
+    with pytest.raises(SQLFileError, match='empty.sql:1: tables names no'):
+        load_sql_file(path)

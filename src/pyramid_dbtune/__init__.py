@@ -115,14 +115,19 @@ def add_sql_methods(config, spec):
             f'add_sql_methods({spec!r}): {path} is not a directory that '
             'holds *.sql files'
         )
-    methods = []
+    loaded = {}
     for file in files:
         try:
             method = load_sql_file(file)
         except SQLFileError as exc:
             raise ConfigurationError(str(exc)) from None
-        methods.append(add_sql_method(config, method))
-    return methods
+        if method.name in loaded:
+            raise ConfigurationError(
+                f'{file} and {loaded[method.name][0]} both name SQL method '
+                f'{method.name!r}'
+            )
+        loaded[method.name] = (file, method)
+    return [add_sql_method(config, m) for _, m in loaded.values()]
 
 
 def _check_cache_times(runtime):

@@ -10,12 +10,13 @@ import contextlib
 import difflib
 import math
 import re
+import threading
 from dataclasses import dataclass, field
 from types import MappingProxyType
 
 from pyramid.exceptions import ConfigurationError
 from sqlalchemy.engine import make_url
-from sqlalchemy.exc import ArgumentError
+from sqlalchemy.exc import ArgumentError, NoSuchModuleError
 
 from .fastpath import FastPathError, parse_paths
 
@@ -27,14 +28,26 @@ class Invalid(ValueError):
 
 
 def as_url(value):
+    """A database URL whose dialect and driver are installed."""
+    text = str(value).strip()
     try:
-        make_url(str(value).strip())
-    except ArgumentError:
+        url = make_url(text)
+        dialect = url.get_dialect()
+    except (ArgumentError, NoSuchModuleError):
         raise Invalid(
             'a database URL such as postgresql+psycopg://user@host/db '
             'or sqlite:///path/to/file.sqlite'
         ) from None
-    return str(value).strip()
+    try:
+        dialect.import_dbapi()
+    except ImportError as exc:
+        raise Invalid(
+            f'a URL whose driver is installed ({exc}): install the extra '
+            'for your database (pyramid_dbtune[postgresql], [mysql] or '
+            '[oracle]) and name its driver, as in postgresql+psycopg://, '
+            'mysql+pymysql:// or oracle+oracledb://'
+        ) from None
+    return text
 
 
 def as_urls(value):
@@ -119,11 +132,11 @@ _UNITS = {'k': 1000, 'm': 1000**2, 'g': 1000**3}
 
 
 def positive_seconds(value):
-    """A finite number of seconds above 0."""
+    """A number of seconds above 0, and no more than a lock can wait."""
     seconds = None
     with contextlib.suppress(Invalid):
         seconds = as_seconds(value)
-    if not seconds:
+    if not seconds or seconds > threading.TIMEOUT_MAX:
         raise Invalid('a number of seconds above 0 (such as 10 or 0.5)')
     return seconds
 
@@ -178,6 +191,12 @@ TABLE = (
     Setting('cache.default_time', as_seconds, 0),
     Setting('fast_paths', as_fast_paths, None),
 )
+
+#: Settings that mean something to the memcached backend alone.
+_MEMCACHED_ONLY = (
+    'cache.servers', 'cache.secret', 'cache.namespace', 'cache.timeout',
+    'cache.connect_timeout', 'cache.dead_retry', 'cache.item_limit',
+)  # fmt: skip
 
 #: Settings that take a suffix: ``dbtune.cache_time.<method name>``.
 CACHE_TIME_PREFIX = 'cache_time.'
@@ -260,7 +279,14 @@ def parse(settings):
             f'the settings are: {", ".join(accepted)}'
         )
 
-    if values['cache.backend'] == 'memcached':
+    if values['cache.backend'] != 'memcached':
+        for name in _MEMCACHED_ONLY:
+            if settings.get(PREFIX + name) not in (None, ''):
+                raise ConfigurationError(
+                    f'{PREFIX}{name} is set, but {PREFIX}cache.backend is '
+                    f'{values["cache.backend"]}: it applies to memcached only'
+                )
+    else:
         for name in ('cache.servers', 'cache.secret'):
             if values[name] is None:
                 raise ConfigurationError(

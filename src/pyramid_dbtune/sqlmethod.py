@@ -262,7 +262,11 @@ def load_sql_file(path):
     """
     path = Path(path)
     options = {'name': path.stem}
-    lines = path.read_text(encoding='utf-8').splitlines()
+    try:
+        # utf-8-sig: a byte-order mark must not hide the header.
+        lines = path.read_text(encoding='utf-8-sig').splitlines()
+    except UnicodeDecodeError as exc:
+        raise SQLFileError(f'{path}: not UTF-8 text ({exc})') from None
     body = 0
     for number, line in enumerate(lines, 1):
         stripped = line.strip()
@@ -283,6 +287,9 @@ def load_sql_file(path):
                 )
             continue
         convert, accepted = _HEADER_KEYS[key]
+        if key == 'tables' and not value.replace(',', ' ').split():
+            # An empty list would mean "no table": never invalidated.
+            raise SQLFileError(f'{path}:{number}: tables names no table')
         try:
             options[key] = convert(value)
         except ValueError:
