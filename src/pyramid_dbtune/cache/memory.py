@@ -1,8 +1,8 @@
 """The in-process cache: LRU, bounded by entries and bytes, single flight.
 
-Written by hand rather than with ``functools.lru_cache`` or dogpile.cache:
-neither bounds by bytes, invalidates by table, or lets waiters share one
-fill while others are served the expired value; and dogpile's hit path
+Written by hand rather than with ``functools.lru_cache`` or a dogpile.cache
+memory region: neither bounds the memory its values take, nor forgets the
+results read from a table when a write to it commits; and dogpile's hit
 costs more than twice this one (``benchmarks/bench_cache.py``).
 """
 
