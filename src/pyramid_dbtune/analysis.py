@@ -65,8 +65,10 @@ def _is_name(token):
     )  # not a parameter, number, literal or punctuation
 
 
-def _table_name(token):
-    return token.strip('"`[]').lower()
+def table_name(name):
+    """``"Public".Property`` -> ``property``: the last part, unquoted,
+    lower case, as tables are compared."""
+    return name.split('.')[-1].strip('"`[] ').lower()
 
 
 class _Reader:
@@ -93,7 +95,7 @@ class _Reader:
         while self.at(i) == '.' and i + 1 < len(self.words):
             last = self.words[i + 1]
             i += 2
-        return _table_name(last), i
+        return table_name(last), i
 
     def skip_parens(self, i):
         """From a ``(`` at ``i``, the index after its matching ``)``."""

@@ -6,9 +6,8 @@ their texts: PostgreSQL's SQLSTATE (psycopg 3's ``sqlstate``, psycopg2's
 ORA- number (``args[0].code``, from cx_Oracle and python-oracledb alike).
 """
 
-import zope.interface
 from pyramid.httpexceptions import HTTPServiceUnavailable
-from pyramid_retry import IRetryableError
+from pyramid_retry import mark_error_retryable
 
 
 class WriteInReadError(RuntimeError):
@@ -86,4 +85,4 @@ def mark_retryable(context):
     pyramid_retry runs the request again."""
     error = context.sqlalchemy_exception
     if error is not None and is_retryable(context.original_exception):
-        zope.interface.alsoProvides(error, IRetryableError)
+        mark_error_retryable(error)

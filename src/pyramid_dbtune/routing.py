@@ -20,8 +20,7 @@ import time
 from time import monotonic, perf_counter
 
 import transaction.interfaces
-import zope.interface
-from pyramid_retry import IRetryableError
+from pyramid_retry import mark_error_retryable
 from sqlalchemy import create_engine, event
 from sqlalchemy.engine import make_url
 from sqlalchemy.exc import DBAPIError
@@ -43,7 +42,7 @@ log = logging.getLogger(__name__)
 #: writable again after, by dialect. PostgreSQL's driver does it by an
 #: execution option. SET TRANSACTION applies to the transaction the read is
 #: about to begin.
-_SET_TRANSACTION = frozenset(['mysql', 'mariadb', 'oracle'])
+_SET_TRANSACTION = ('mysql', 'mariadb', 'oracle')
 _READ_ONLY = {
     'sqlite': ('PRAGMA query_only = ON', 'PRAGMA query_only = OFF'),
     **dict.fromkeys(_SET_TRANSACTION, ('SET TRANSACTION READ ONLY', None)),
@@ -84,13 +83,15 @@ def make_read_only(engine):
     dialect = engine.dialect.name
     if dialect == 'postgresql':
         engine.update_execution_options(postgresql_readonly=True)
-    elif dialect == 'sqlite':
+    elif dialect in _READ_ONLY_SESSION:
+        # Once per connection: no statement before each read.
         event.listen(
             engine,
             'connect',
-            lambda dbapi, record: dbapi.execute('PRAGMA query_only = ON'),
+            functools.partial(_read_only_session, _READ_ONLY_SESSION[dialect]),
         )
-    elif dialect in _SET_TRANSACTION:  # pragma: no branch (others: as is)
+    elif dialect == 'oracle':  # pragma: no cover (no Oracle server here)
+        # Oracle has no read-only session: each transaction says it.
         event.listen(
             engine,
             'begin',
@@ -98,6 +99,22 @@ def make_read_only(engine):
                 'SET TRANSACTION READ ONLY'
             ),
         )
+
+
+#: How a connection is made read-only for good, by dialect.
+_READ_ONLY_SESSION = {
+    'sqlite': 'PRAGMA query_only = ON',
+    'mysql': 'SET SESSION TRANSACTION READ ONLY',
+    'mariadb': 'SET SESSION TRANSACTION READ ONLY',
+}
+
+
+def _read_only_session(sql, dbapi_connection, record):
+    cursor = dbapi_connection.cursor()
+    try:
+        cursor.execute(sql)
+    finally:
+        cursor.close()
 
 
 class Reader:
@@ -172,9 +189,9 @@ class Router:
 
     # Reads
 
-    def pick(self):
+    def pick(self, count=True):
         """The reader with the fewest reads in flight, or None if all are
-        down (then the writer serves)."""
+        down (then the writer serves); ``count``: one more in flight."""
         now = monotonic()
         with self._lock:
             up = [r for r in self.readers if r.down_until <= now]
@@ -183,7 +200,7 @@ class Router:
             # Ties go round: the rotation starts each pick elsewhere.
             turn = next(self._turn) % len(up)
             reader = min(up[turn:] + up[:turn], key=lambda r: r.in_flight)
-            reader.in_flight += 1
+            reader.in_flight += count
             return reader
 
     def read(self, statement, params, max_rows, tables=(), writer=False):
@@ -250,7 +267,7 @@ class Router:
             context.connection is None or context.is_disconnect
         ):
             self._down(reader, context.original_exception)
-            zope.interface.alsoProvides(error, IRetryableError)
+            mark_error_retryable(error)
 
     def _down(self, reader, exc):
         now = monotonic()
@@ -278,13 +295,9 @@ class Router:
 
     def reader_engine(self):
         """An engine for a session's reads: the least busy reader that is
-        up (counted as one read in flight while picked), or the writer."""
-        reader = self.pick()
-        if reader is None:
-            return self.writer
-        with self._lock:
-            reader.in_flight -= 1
-        return reader.engine
+        up, or the writer."""
+        reader = self.pick(count=False)
+        return self.writer if reader is None else reader.engine
 
     # Replica lag
 
@@ -349,7 +362,6 @@ class UnitOfWork:
         self.pinned = False
         self.write_wait = 0.0
         self._session = None
-        self._slot = False
         self._tables = set()
         self._all_tables = False
         self._committed_writes = False
@@ -400,8 +412,7 @@ class UnitOfWork:
                     'transaction (is pyramid_tm active for this request?)'
                 ) from None
             self.write_wait += self.router.acquire_write_slot()
-            self._slot = True
-            self.dirty = True
+            self.dirty = True  # and the slot is held until the end
             txn.set_data(self.router, self)
             txn.addAfterCommitHook(self._after_commit)
             txn.addAfterAbortHook(self._finish)
@@ -475,17 +486,16 @@ class UnitOfWork:
         self.pinned = True
 
     def _finish(self):
-        self.dirty = False
+        if self.dirty:
+            self.dirty = False
+            self.router.write_slots.release()
         self._tables = set()
         self._all_tables = False
-        if self._slot:
-            self._slot = False
-            self.router.write_slots.release()
 
     def _release_at_the_end(self, request):
         # A transaction left open past its request would hold its slot,
         # and every writer of the process would wait for it in vain.
-        if self._slot:
+        if self.dirty:
             log.error('a write transaction outlived its request; aborting')
             self.request.tm.abort()
 

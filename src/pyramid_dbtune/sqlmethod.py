@@ -19,15 +19,6 @@ from sqlalchemy import bindparam, text
 from . import analysis
 from .analysis import ANY_TABLE
 
-# Literals and comments blanked: for finding a second statement.
-_NOISE = re.compile(r"'(?:''|[^'])*'|--[^\n]*|/\*.*?\*/", re.DOTALL)
-
-
-def _table_name(name):
-    """``"Public".Property`` -> ``property``: the last part, unquoted."""
-    return name.split('.')[-1].strip('"`[] ').lower()
-
-
 _SCALARS = (
     type(None), bool, int, float, str, bytes, decimal.Decimal, datetime.date,
     datetime.datetime, datetime.time, datetime.timedelta, uuid.UUID,
@@ -52,7 +43,7 @@ def _normalise_tables(method, tables):
     if isinstance(tables, str):
         tables = tables.replace(',', ' ').split()
     try:
-        names = frozenset(_table_name(t) for t in tables)
+        names = frozenset(analysis.table_name(t) for t in tables)
     except (TypeError, AttributeError):
         raise TypeError(
             f'SQL method {method!r}: tables must be table names (a list, '
@@ -110,7 +101,7 @@ class SQLMethod:
         if not isinstance(sql, str) or not sql.strip():
             raise ValueError(f'SQL method {name!r}: sql must be a statement')
         sql = sql.strip().rstrip(';').rstrip()
-        if ';' in _NOISE.sub("''", sql):
+        if ';' in analysis.blank(sql):
             raise ValueError(
                 f'SQL method {name!r} holds more than one statement; '
                 'write one method per statement'
