@@ -1,7 +1,7 @@
 import pytest
 from pyramid.exceptions import ConfigurationError
 
-from pyramid_dbtune.settings import parse
+from pyramid_dbtune.settings import Invalid, as_bool, parse
 
 
 def test_defaults():
@@ -202,3 +202,44 @@ def test_memcached_settings_under_another_backend_are_an_error():
         'dbtune.cache.servers is set, but dbtune.cache.backend is memory: '
         'it applies to memcached only'
     )
+
+
+def test_access_settings():
+    settings = parse(
+        {
+            'dbtune.stats.token': 'x' * 16,
+            'dbtune.stats.permission': ' view-stats ',
+        }
+    )
+    assert settings.stats_token == 'x' * 16
+    assert settings.stats_permission == 'view-stats'
+    # The token is a secret: it is not printed with the settings.
+    assert 'x' * 16 not in repr(settings)
+
+
+@pytest.mark.parametrize(
+    'key, value, accepted',
+    [
+        ('dbtune.stats.token', 'short', 'a secret of 16 characters'),
+        ('dbtune.stats.permission', 'view stats', 'a name without spaces'),
+    ],
+)
+def test_bad_access_settings(key, value, accepted):
+    with pytest.raises(ConfigurationError, match=accepted):
+        parse({key: value})
+
+
+@pytest.mark.parametrize(
+    'value, expected',
+    [('true', True), (' Yes', True), ('on', True), ('1', True), (True, True),
+     ('false', False), ('NO', False), ('off', False), ('0', False),
+     (False, False)],
+)  # fmt: skip
+def test_as_bool(value, expected):
+    assert as_bool(value) is expected
+
+
+@pytest.mark.parametrize('value', ['', 'maybe', 'tru', '2', None])
+def test_as_bool_refuses_anything_else(value):
+    with pytest.raises(Invalid, match='true or false'):
+        as_bool(value)

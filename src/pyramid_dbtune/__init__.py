@@ -9,7 +9,7 @@ from pathlib import Path
 from pyramid.exceptions import ConfigurationError
 from pyramid.path import AssetResolver
 
-from . import fastpath
+from . import access, fastpath
 from . import settings as _settings
 from .cache import MAX_EXPIRY, make_cache
 from .errors import WriteInReadError, WriteSlotTimeout
@@ -159,5 +159,10 @@ def includeme(config):
     config.add_request_method(dbsession, 'dbsession', reify=True)
     if parsed.fast_paths:
         fastpath.install(config, parsed.fast_paths)
-    # After every other action: overrides may only name registered methods.
+    # After every other action: overrides may only name registered methods,
+    # and a permission needs the security policy the app sets up.
     config.action(None, _check_cache_times, args=(runtime,), order=10)
+    if parsed.stats_permission is not None:
+        config.action(
+            None, access.check_policy, args=(config.registry,), order=10
+        )

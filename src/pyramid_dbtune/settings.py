@@ -96,6 +96,26 @@ def as_namespace(value):
     return text
 
 
+_TRUE = ('true', 'yes', 'on', '1')
+_FALSE = ('false', 'no', 'off', '0')
+
+
+def as_bool(value):
+    """``true``/``false`` (also yes/no, on/off, 1/0), nothing else."""
+    text = str(value).strip().lower()
+    if text not in _TRUE + _FALSE:
+        raise Invalid('true or false (or yes/no, on/off, 1/0)')
+    return text in _TRUE
+
+
+def as_name(value):
+    """A non-empty word, such as a permission's name."""
+    text = str(value).strip()
+    if not text or any(c.isspace() for c in text):
+        raise Invalid('a name without spaces, such as view-stats')
+    return text
+
+
 def one_of(*choices):
     def convert(value):
         text = str(value).strip().lower()
@@ -190,6 +210,8 @@ TABLE = (
     Setting('cache.max_bytes', as_bytes, 64 * 1024 * 1024),
     Setting('cache.default_time', as_seconds, 0),
     Setting('fast_paths', as_fast_paths, None),
+    Setting('stats.token', as_secret, None),
+    Setting('stats.permission', as_name, None),
 )
 
 #: Settings that mean something to the memcached backend alone.
@@ -226,6 +248,9 @@ class Settings:
     cache_default_time: float = 0
     #: ``dbtune.fast_paths``: path to body (bytes) or callable.
     fast_paths: MappingProxyType | None = None
+    #: Lets a request into the ``/_dbtune/`` views (:mod:`.access`).
+    stats_token: str | None = field(default=None, repr=False)
+    stats_permission: str | None = None
     #: ``dbtune.cache_time.<name>`` overrides, by SQL method name.
     cache_times: MappingProxyType = field(
         default_factory=lambda: MappingProxyType({})
