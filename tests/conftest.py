@@ -425,6 +425,9 @@ class Proxy:
 
     def __init__(self, target_port):
         self.target = target_port
+        #: ``mangle(data)``: the server's bytes as the client gets them, a
+        #: list of pieces sent one by one (empty: the proxy hangs up).
+        self.mangle = None
         self.port = random.randrange(20000, 32000)
         self.address = f'127.0.0.1:{self.port}'
         self._sockets = []
@@ -450,16 +453,25 @@ class Proxy:
             server = socket.create_connection(('127.0.0.1', self.target))
             with self._lock:
                 self._sockets += [client, server]
-            for a, b in ((client, server), (server, client)):
+            for a, b, reply in (
+                (client, server, False),
+                (server, client, True),
+            ):
                 threading.Thread(
-                    target=self._pump, args=(a, b), daemon=True
+                    target=self._pump, args=(a, b, reply), daemon=True
                 ).start()
 
-    @staticmethod
-    def _pump(source, sink):
+    def _pump(self, source, sink, reply):
         try:
             while data := source.recv(65536):
-                sink.sendall(data)
+                pieces = [data]
+                if reply and self.mangle is not None:
+                    pieces = self.mangle(data)
+                    if not pieces:
+                        break
+                for piece in pieces:
+                    sink.sendall(piece)
+                    time.sleep(0.001 * (len(pieces) > 1))
         except OSError:
             pass
         for end in (source, sink):

@@ -520,3 +520,104 @@ def test_key_and_route_memos_are_bounded(
         call(app, ('search', {'area': area}))
     assert len(cache._names) <= 1 and len(cache._routes) <= 1
     assert cache.hits == 1
+
+
+# The hit path's own reader of memcached's replies: against a real server,
+# and through a proxy that damages what the server says.
+
+
+@pytest.fixture
+def stored(memcached):
+    client = Client(('127.0.0.1', memcached.port), timeout=2)
+    values = {'small': b'x', 'empty': b'', 'big': bytes(range(256)) * 1000}
+    for key, value in values.items():
+        assert client.set(key, value, noreply=False)
+    client.close()
+    return values
+
+
+def reader_of(address):
+    host, port = address.rsplit(':', 1)
+    return memcached_module.Reader((host, int(port)), 1, 1)
+
+
+def test_the_reader_reads_what_the_server_holds(memcached, stored):
+    reader = reader_of(memcached.address)
+    assert reader.fetch(['small', 'missing', 'empty', 'big']) == stored
+    assert reader.fetch(['missing']) == {}
+    reader.close()
+    reader.close()  # twice is fine
+    assert reader.fetch(['small']) == {'small': b'x'}  # a new connection
+
+
+def test_the_reader_reads_a_reply_in_pieces(memcached, stored):
+    proxy = Proxy(memcached.port)
+    proxy.mangle = lambda data: (
+        [data[i : i + 7] for i in range(0, 70, 7)] + [data[70:]]
+    )
+    reader = reader_of(proxy.address)
+    assert reader.fetch(['small', 'empty', 'big']) == stored
+    proxy.cut()
+
+
+@pytest.mark.parametrize(
+    'mangle, message',
+    [
+        (lambda data: [data + b'VALUE'], 'more after END'),
+        (
+            lambda data: [data.replace(b' 0 1\r\n', b' 0 0\r\n')],
+            'a value longer than it said',
+        ),  # fmt: skip
+        (lambda data: [data[:5]], 'did not answer in time'),  # cut short
+        (lambda data: [], 'closed the connection'),
+        (
+            lambda data: [b'SERVER_ERROR out of memory\r\n'],
+            'SERVER_ERROR out of memory',
+        ),  # fmt: skip
+    ],
+)
+def test_a_damaged_reply_closes_the_connection(
+    memcached, stored, mangle, message
+):
+    proxy = Proxy(memcached.port)
+    reader = reader_of(proxy.address)
+    assert reader.fetch(['small']) == {'small': b'x'}
+    proxy.mangle = mangle
+    with pytest.raises(OSError, match=message):
+        reader.fetch(['small'])
+    assert reader.sock is None
+    proxy.cut()
+
+
+def test_a_connection_from_before_a_restart_is_replaced_once(memcached):
+    reader = reader_of(memcached.address)
+    assert reader.fetch(['small']) == {}
+    memcached.stop()
+    memcached.start()
+    assert reader.fetch(['small']) == {}  # no error: asked again
+    memcached.stop()
+    with pytest.raises(ConnectionRefusedError):
+        reader.fetch(['small'])  # asked again, and refused
+
+
+def test_a_key_memcached_refuses_is_a_reply_error(memcached):
+    reader = reader_of(memcached.address)
+    with pytest.raises(memcached_module.ReplyError, match='CLIENT_ERROR'):
+        reader.fetch(['k' * 300])
+
+
+def test_a_damaged_reply_on_the_hit_path_is_a_miss(
+    sqlite_url, memcached, apps
+):
+    proxy = Proxy(memcached.port)
+    app = apps(sqlite_url, [SEARCH], shared_settings(proxy))
+    cache = app.app.registry.dbtune.cache
+    assert rows_of(call(app, ('search', {'area': 'Headingley'}))) == (
+        HEADINGLEY
+    )
+    proxy.mangle = lambda data: [data + b'junk']
+    assert rows_of(call(app, ('search', {'area': 'Headingley'}))) == (
+        HEADINGLEY
+    )
+    assert cache.errors == 1
+    proxy.cut()

@@ -19,6 +19,8 @@ import hmac
 import json
 import logging
 import secrets
+import socket
+import struct
 import threading
 import time
 import uuid
@@ -124,6 +126,125 @@ def decode(payload):
     )
 
 
+class ReplyError(ConnectionError):
+    """memcached's reply to ``get`` was cut short or not a reply."""
+
+
+class Reader:
+    """One thread's connection to one server, for ``get`` alone.
+
+    The hit path's one round trip: ``get`` of an entry and its tables'
+    generations. pymemcache's own ``get_many`` checks every key and parses
+    for every command, and its pool takes a lock twice: together, half as
+    much again as the round trip. The keys here are this module's own
+    (hashed, short, ASCII), so the reply is all that needs reading.
+    Everything else (``set``, ``add``, ``incr``, ``delete``) goes through
+    pymemcache. Any failure closes the connection; the next call opens a
+    new one.
+    """
+
+    def __init__(self, server, connect_timeout, timeout):
+        self.server = server
+        self.connect_timeout = connect_timeout
+        self.timeout = timeout
+        self.sock = None
+
+    def _connect(self):
+        sock = socket.create_connection(self.server, self.connect_timeout)
+        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        # The timeout is the kernel's: a socket in Python's timeout mode
+        # polls before every send and receive, two system calls more per
+        # hit. Where the kernel will not take it, Python's it is.
+        seconds, fraction = divmod(self.timeout, 1)
+        limit = struct.pack('ll', int(seconds), int(fraction * 1e6))
+        try:
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVTIMEO, limit)
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDTIMEO, limit)
+        except OSError:  # pragma: no cover (not Linux or macOS)
+            sock.settimeout(self.timeout)
+        else:
+            sock.settimeout(None)
+        self.sock = sock
+        return sock
+
+    def close(self):
+        if self.sock is not None:
+            self.sock.close()
+            self.sock = None
+
+    def fetch(self, keys):
+        """``{key: value}`` of those ``keys`` the server holds.
+
+        A connection kept from before that turns out closed (memcached
+        restarted, or something between dropped it) is replaced once: a
+        ``get`` can be asked again."""
+        command = ('get ' + ' '.join(keys) + '\r\n').encode('ascii')
+        kept = self.sock is not None
+        try:
+            return self._ask(command)
+        except ConnectionError:
+            if not kept:
+                raise
+        return self._ask(command)
+
+    def _ask(self, command):
+        try:
+            sock = self.sock or self._connect()
+            sock.sendall(command)
+            return self._reply(sock)
+        except BaseException:
+            self.close()
+            raise
+
+    @staticmethod
+    def _reply(sock):
+        # Mostly the whole reply comes in one piece: it is parsed where it
+        # lies, and only the values are copied out.
+        data = _receive(sock)
+        pos = 0
+        found = {}
+        while True:
+            end = data.find(b'\r\n', pos)
+            if end < 0:
+                data = _more(sock, data, len(data) + 1)
+                continue
+            if end == pos + 3 and data.startswith(b'END', pos):
+                if end + 2 != len(data):
+                    raise ReplyError('more after END')
+                return found
+            head = data[pos:end].split()
+            if len(head) != 4 or head[0] != b'VALUE':
+                raise ReplyError(data[pos:end][:40].decode('ascii', 'replace'))
+            start = end + 2
+            stop = start + int(head[3])
+            if len(data) < stop + 2:
+                data = _more(sock, data, stop + 2)
+            if data[stop : stop + 2] != b'\r\n':
+                raise ReplyError('a value longer than it said')
+            found[head[1].decode('ascii')] = data[start:stop]
+            pos = stop + 2
+
+
+def _receive(sock, size=65536):
+    try:
+        chunk = sock.recv(max(size, 65536))
+    except BlockingIOError:  # the kernel's timeout ran out
+        raise TimeoutError('memcached did not answer in time') from None
+    if not chunk:
+        raise ReplyError('memcached closed the connection')
+    return chunk
+
+
+def _more(sock, data, size):
+    """``data`` and what follows it, to ``size`` bytes at least."""
+    pieces = [data]
+    have = len(data)
+    while have < size:
+        pieces.append(_receive(sock, size - have))
+        have += len(pieces[-1])
+    return b''.join(pieces)
+
+
 class MemcachedCache:
     """A cache of query results in memcached, shared by processes.
 
@@ -171,8 +292,10 @@ class MemcachedCache:
         self._missed = set()
         self._names = {}
         self._generation_keys = {}
+        self._table_keys = {}
         self._routes = {}
         self._ring = None
+        self._local = threading.local()
 
     # Keys
 
@@ -279,10 +402,25 @@ class MemcachedCache:
             self._routes[name] = server
         return server
 
+    def _reader(self, server):
+        """This thread's :class:`Reader` of ``server``.
+
+        Made anew when HashClient brings a dead server back (as a new
+        client): the old connection went with the old process."""
+        readers = self._local.__dict__.setdefault('readers', {})
+        made_for, reader = readers.get(server.server, (None, None))
+        if made_for is not server:
+            if reader is not None:
+                reader.close()
+            connect_timeout, timeout, _ = self._timeouts
+            reader = Reader(server.server, connect_timeout, timeout)
+            readers[server.server] = (server, reader)
+        return reader
+
     def _on(self, server, default, method, *args, **kw):
         """Run ``method`` (a name) of ``server``'s client, failures as
-        ``default``; a server that missed an invalidation has its epoch
-        bumped first."""
+        ``default``; ``fetch`` is this thread's :class:`Reader`'s. A
+        server that missed an invalidation has its epoch bumped first."""
         if server is None:
             return default
         run = self.client._safely_run_func
@@ -294,11 +432,25 @@ class MemcachedCache:
             ):
                 return default
             self._missed.discard(server.server)
-        return self._call(
-            default, run, server, getattr(server, method), default, *args, **kw
-        )
+        if method == 'fetch':
+            function = self._reader(server).fetch
+        else:
+            function = getattr(server, method)
+        return self._call(default, run, server, function, default, *args, **kw)
 
     # Reading
+
+    def _tables(self, tables):
+        """``tables`` in order, and the keys of their generations and the
+        epoch: the same for every call of a method, so remembered."""
+        known = self._table_keys.get(tables)
+        if known is None:
+            ordered = sorted(tables)
+            keys = [self._generation_key(t) for t in (*ordered, _EPOCH)]
+            known = self._table_keys[tables] = (ordered, keys)
+            if len(self._table_keys) > _MEMO_SIZE:
+                self._table_keys.clear()
+        return known
 
     def _generations(self, server, tables, got):
         """The current generation of each table (and the epoch) on
@@ -347,11 +499,10 @@ class MemcachedCache:
 
     def get_or_fill(self, key, ttl, tables, fill, *args):
         name = self.entry_key(key)
-        tables = sorted(tables)
-        wanted = [name, *(self._generation_key(t) for t in tables)]
-        wanted.append(self._generation_key(_EPOCH))
+        tables, keys = self._tables(tables)
+        wanted = [name, *keys]
         server = self._server(name)
-        got = self._on(server, None, 'get_many', wanted)
+        got = self._on(server, None, 'fetch', wanted)
         if got is None:  # memcached failed: a miss, and nothing stored
             got, generations = {}, None
         else:
@@ -420,7 +571,7 @@ class MemcachedCache:
         for _ in range(tries):
             time.sleep(pause)
             server = self._server(name)
-            value = self._on(server, None, 'get', name)
+            value = self._on(server, {}, 'fetch', [name]).get(name)
             entry = self._entry(name, value) if value is not None else None
             if entry is not None and entry[1] == generations:
                 return entry[0]
