@@ -313,3 +313,71 @@ def test_backend_none_never_caches(sqlite_url, apps):
     call(app, ('search', {'area': 'Headingley'}))
     call(app, ('search', {'area': 'Headingley'}))
     assert log.count('FROM property') == 2
+
+
+LAGGING_SEARCH = {**SEARCH, 'name': 'lagging', 'invalidate': False}
+
+
+def test_a_read_that_does_not_invalidate_keeps_its_rows_their_time(
+    db_url, apps, clock
+):
+    app = apps(db_url, [SEARCH, LAGGING_SEARCH, SET_RENT])
+    log = query_log(app)
+    headingley = {'area': 'Headingley'}
+    call(app, ('search', headingley), ('lagging', headingley))
+    answer = call(
+        app,
+        ('set_rent', {'id': 1, 'rent': 95}),
+        ('lagging', headingley),  # the writer reads its own write
+    )
+    assert rows_of(answer, 1) == [[1, 95], [2, 120]]
+    answer = call(app, ('search', headingley), ('lagging', headingley))
+    assert rows_of(answer, 0) == [[1, 95], [2, 120]]  # invalidated
+    assert rows_of(answer, 1) == HEADINGLEY  # kept: up to 20 s old
+    assert answer['cache'] == {'hit': 1, 'miss': 1, 'uncached': 0,
+                               'stale': 0, 'waited': 0}  # fmt: skip
+    clock.now += 21
+    answer = call(app, ('lagging', headingley))
+    assert rows_of(answer) == [[1, 95], [2, 120]]
+    assert log.count('FROM property') == 5
+
+
+def test_a_write_of_unknown_tables_drops_even_those(sqlite_url, apps):
+    ddl = {'name': 'touch', 'sql': 'CREATE TABLE other (x INTEGER)'}
+    app = apps(sqlite_url, [LAGGING_SEARCH, ddl])
+    log = query_log(app)
+    call(app, ('lagging', {'area': 'Headingley'}))
+    call(app, ('touch', {}))
+    call(app, ('lagging', {'area': 'Headingley'}))
+    assert log.count('FROM property') == 2
+
+
+def test_the_invalidate_setting_overrides_the_code(sqlite_url, apps):
+    settings = {
+        'dbtune.invalidate.search': 'false',
+        'dbtune.invalidate.lagging': 'true',
+    }
+    app = apps(sqlite_url, [SEARCH, LAGGING_SEARCH, SET_RENT], settings)
+    headingley = {'area': 'Headingley'}
+    call(app, ('search', headingley), ('lagging', headingley))
+    call(app, ('set_rent', {'id': 1, 'rent': 95}))
+    answer = call(app, ('search', headingley), ('lagging', headingley))
+    assert rows_of(answer, 0) == HEADINGLEY
+    assert rows_of(answer, 1) == [[1, 95], [2, 120]]
+
+
+@pytest.mark.parametrize(
+    'key, message',
+    [
+        ('dbtune.invalidate.nothing', 'dbtune.invalidate.nothing names no '
+         'SQL method (registered: lagging, search, set_rent)'),
+        ('dbtune.invalidate.set_rent', 'dbtune.invalidate.set_rent names a '
+         'write'),
+    ],
+)  # fmt: skip
+def test_bad_invalidate_settings(sqlite_url, apps, key, message):
+    from pyramid.exceptions import ConfigurationError
+
+    with pytest.raises(ConfigurationError) as info:
+        apps(sqlite_url, [SEARCH, LAGGING_SEARCH, SET_RENT], {key: 'false'})
+    assert message in str(info.value)

@@ -45,7 +45,7 @@ def test_include_sets_up_directives_request_methods_and_pyramid_tm(
     config.add_sql_method('one', 'SELECT 1 AS x', cache_time=5)
     runtime = commit(config, runtimes)
     assert isinstance(runtime, DBTune)
-    method, cache_time, key = runtime.methods['one']
+    method, cache_time, key, _ = runtime.methods['one']
     assert cache_time == 5 and sqlite_url in key
     tweens = config.registry.queryUtility(ITweens)
     assert 'pyramid_tm.tm_tween_factory' in tweens.implicit()[0]

@@ -621,3 +621,22 @@ def test_a_damaged_reply_on_the_hit_path_is_a_miss(
     )
     assert cache.errors == 1
     proxy.cut()
+
+
+def test_a_read_that_does_not_invalidate_is_kept_in_every_process(
+    sqlite_url, memcached, apps
+):
+    lagging = {**SEARCH, 'name': 'lagging', 'invalidate': False}
+    settings = shared_settings(memcached)
+    app = apps(sqlite_url, [SEARCH, lagging, SET_RENT], settings)
+    headingley = {'area': 'Headingley'}
+    call(app, ('search', headingley), ('lagging', headingley))
+    in_another_process(
+        sqlite_url,
+        settings,
+        ['set_rent', {'id': 1, 'rent': 95}],
+        methods=(SEARCH, lagging, SET_RENT),
+    )
+    answer = call(app, ('search', headingley), ('lagging', headingley))
+    assert rows_of(answer, 0) == [[1, 95], [2, 120]]
+    assert rows_of(answer, 1) == HEADINGLEY

@@ -243,3 +243,15 @@ def test_as_bool(value, expected):
 def test_as_bool_refuses_anything_else(value):
     with pytest.raises(Invalid, match='true or false'):
         as_bool(value)
+
+
+def test_invalidate_overrides():
+    settings = parse(
+        {'dbtune.invalidate.search': 'no', 'dbtune.invalidate.areas': 'on'}
+    )
+    assert dict(settings.invalidates) == {'search': False, 'areas': True}
+    with pytest.raises(ConfigurationError) as info:
+        parse({'dbtune.invalidate.search': 'sometimes'})
+    assert str(info.value).startswith(
+        "dbtune.invalidate.search = 'sometimes' is not valid: expected true"
+    )

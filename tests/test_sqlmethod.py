@@ -126,6 +126,7 @@ def test_sql_file_header(tmp_path):
         '-- cache_time: 20\n'
         '-- MAX_ROWS: 5\n'
         '-- tables: property, area\n'
+        '-- invalidate: no\n'
         '\n'
         'SELECT * FROM property\n'
         '-- an inner comment\n'
@@ -136,6 +137,7 @@ def test_sql_file_header(tmp_path):
     assert method.cache_time == 20 and isinstance(method.cache_time, int)
     assert method.max_rows == 5
     assert method.tables == {'property', 'area'}
+    assert not method.invalidate and method.invalidated_by == frozenset()
     assert method.sql.startswith('SELECT') and method.params == ('area',)
 
 
@@ -186,3 +188,12 @@ def test_sql_file_with_an_empty_tables_line(tmp_path):
     path.write_text('-- tables: ,\nSELECT 1')
     with pytest.raises(SQLFileError, match='empty.sql:1: tables names no'):
         load_sql_file(path)
+
+
+def test_invalidate():
+    read = SQLMethod('r', 'SELECT * FROM property')
+    assert read.invalidate and read.invalidated_by == {'property'}
+    with pytest.raises(ValueError, match='invalidate must be True or False'):
+        SQLMethod('r', 'SELECT 1', invalidate='no')
+    with pytest.raises(ValueError, match='invalidate=False is for reads'):
+        SQLMethod('w', 'UPDATE property SET rent = 1', invalidate=False)

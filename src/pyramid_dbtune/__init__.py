@@ -37,8 +37,8 @@ class DBTune:
     ``settings`` is the parsed :class:`~pyramid_dbtune.settings.Settings`;
     ``router`` holds the writer and reader engines and the write slots
     (``None`` until a URL is set); ``cache`` holds the results; ``methods``
-    maps each SQL method's name to ``(method, cache_time, cache_key)`` once
-    registered.
+    maps each SQL method's name to ``(method, cache_time, cache_key,
+    invalidated_by)`` once registered, settings applied.
     """
 
     def __init__(self, settings):
@@ -73,7 +73,16 @@ class DBTune:
         key = '\0'.join(
             [method.name, str(method.max_rows), self.router.key, method.sql]
         )
-        self.methods[method.name] = (method, cache_time, key)
+        invalidated_by = method.invalidated_by
+        invalidate = self.settings.invalidates.get(method.name)
+        if invalidate is not None:
+            if method.writes:
+                raise ConfigurationError(
+                    f'dbtune.invalidate.{method.name} names a write: a '
+                    'write always invalidates the tables it changes'
+                )
+            invalidated_by = method.tables if invalidate else frozenset()
+        self.methods[method.name] = (method, cache_time, key, invalidated_by)
 
 
 def add_sql_method(config, name, sql=None, **kw):
@@ -130,14 +139,19 @@ def add_sql_methods(config, spec):
     return [add_sql_method(config, m) for _, m in loaded.values()]
 
 
-def _check_cache_times(runtime):
-    unknown = sorted(set(runtime.settings.cache_times) - set(runtime.methods))
-    if unknown:
-        known = ', '.join(sorted(runtime.methods)) or 'none'
-        raise ConfigurationError(
-            f'dbtune.cache_time.{unknown[0]} names no SQL method '
-            f'(registered: {known})'
-        )
+def _check_overrides(runtime):
+    settings = runtime.settings
+    for prefix, overrides in (
+        ('cache_time', settings.cache_times),
+        ('invalidate', settings.invalidates),
+    ):
+        unknown = sorted(set(overrides) - set(runtime.methods))
+        if unknown:
+            known = ', '.join(sorted(runtime.methods)) or 'none'
+            raise ConfigurationError(
+                f'dbtune.{prefix}.{unknown[0]} names no SQL method '
+                f'(registered: {known})'
+            )
 
 
 def includeme(config):
@@ -161,7 +175,7 @@ def includeme(config):
         fastpath.install(config, parsed.fast_paths)
     # After every other action: overrides may only name registered methods,
     # and a permission needs the security policy the app sets up.
-    config.action(None, _check_cache_times, args=(runtime,), order=10)
+    config.action(None, _check_overrides, args=(runtime,), order=10)
     if parsed.stats_permission is not None:
         config.action(
             None, access.check_policy, args=(config.registry,), order=10

@@ -570,10 +570,10 @@ def _freeze(value):
 class BoundSQLMethod:
     """``request.sql.<name>``: a SQL method bound to one request."""
 
-    __slots__ = ('method', 'cache_time', '_key', '_context')
+    __slots__ = ('method', 'cache_time', '_key', '_tables', '_context')
 
     def __init__(self, registered, context):
-        self.method, self.cache_time, self._key = registered
+        self.method, self.cache_time, self._key, self._tables = registered
         self._context = context
 
     def __repr__(self):
@@ -609,7 +609,12 @@ class BoundSQLMethod:
                 method.bind(params)  # raises the clear ValueError
                 raise  # pragma: no cover (bind() rejects all unhashables)
         rows, status = context.runtime.cache.get_or_fill(
-            key, self.cache_time, method.tables, context.read, method, params
+            key,
+            self.cache_time,
+            self._tables,
+            context.read,
+            method,
+            params,
         )
         context.cache[status] += 1
         return rows

@@ -222,6 +222,8 @@ _MEMCACHED_ONLY = (
 
 #: Settings that take a suffix: ``dbtune.cache_time.<method name>``.
 CACHE_TIME_PREFIX = 'cache_time.'
+#: ... and ``dbtune.invalidate.<method name>``.
+INVALIDATE_PREFIX = 'invalidate.'
 
 
 @dataclass(frozen=True)
@@ -255,6 +257,10 @@ class Settings:
     cache_times: MappingProxyType = field(
         default_factory=lambda: MappingProxyType({})
     )
+    #: ``dbtune.invalidate.<name>`` overrides, by SQL method name.
+    invalidates: MappingProxyType = field(
+        default_factory=lambda: MappingProxyType({})
+    )
 
 
 def _fail(name, value, accepted):
@@ -284,19 +290,24 @@ def parse(settings):
         except Invalid as exc:
             raise _fail(key, value, exc) from None
 
-    cache_times = {}
+    per_method = {CACHE_TIME_PREFIX: {}, INVALIDATE_PREFIX: {}}
+    converters = {CACHE_TIME_PREFIX: as_seconds, INVALIDATE_PREFIX: as_bool}
     for key, value in settings.items():
         if not key.startswith(PREFIX) or key in known:
             continue
         name = key[len(PREFIX) :]
-        if name.startswith(CACHE_TIME_PREFIX):
-            method = name[len(CACHE_TIME_PREFIX) :]
+        prefix = next((p for p in per_method if name.startswith(p)), None)
+        if prefix is not None:
             try:
-                cache_times[method] = as_seconds(value)
+                per_method[prefix][name[len(prefix) :]] = converters[prefix](
+                    value
+                )
             except Invalid as exc:
                 raise _fail(key, value, exc) from None
             continue
-        accepted = sorted(known) + [PREFIX + CACHE_TIME_PREFIX + '<method>']
+        accepted = sorted(known) + [
+            PREFIX + p + '<method>' for p in per_method
+        ]
         close = difflib.get_close_matches(key, accepted, n=1)
         hint = f' (did you mean {close[0]}?)' if close else ''
         raise ConfigurationError(
@@ -325,5 +336,6 @@ def parse(settings):
                 )
     return Settings(
         **{name.replace('.', '_'): value for name, value in values.items()},
-        cache_times=MappingProxyType(cache_times),
+        cache_times=MappingProxyType(per_method[CACHE_TIME_PREFIX]),
+        invalidates=MappingProxyType(per_method[INVALIDATE_PREFIX]),
     )

@@ -77,6 +77,13 @@ class SQLMethod:
         statement's text: a statement that does not begin as a read does
         (:func:`~pyramid_dbtune.analysis.analyse`). Say ``writes=True`` for
         a ``SELECT`` of a function that changes data.
+    ``invalidate``
+        Whether a committed write to the read's tables drops its cached
+        rows (the default). ``False`` keeps them for their ``cache_time``
+        whatever is written, as Zope's ZSQL cache did: a page may then
+        show rows up to ``cache_time`` old, in return for hits that a
+        busy table's writes would otherwise keep taking away. A request
+        that has written still reads its own writes.
     """
 
     def __init__(
@@ -88,6 +95,7 @@ class SQLMethod:
         max_rows=1000,
         tables=None,
         writes=None,
+        invalidate=True,
     ):
         if (
             not isinstance(name, str)
@@ -139,6 +147,16 @@ class SQLMethod:
             # Declared a write, read as a read (or the other way round):
             # what the text names is no guide to what the statement does.
             self.tables = None if self.writes else frozenset([ANY_TABLE])
+        if invalidate not in (True, False):
+            raise ValueError(f'{what} invalidate must be True or False')
+        if self.writes and not invalidate:
+            raise ValueError(
+                f'{what} invalidate=False is for reads: a write always '
+                'invalidates the tables it changes'
+            )
+        self.invalidate = invalidate
+        #: The tables whose writes drop this read's cached rows.
+        self.invalidated_by = self.tables if invalidate else frozenset()
         self._expanding = self.statement.bindparams(
             *(bindparam(n, expanding=True) for n in self.list_params)
         )
@@ -232,6 +250,7 @@ _HEADER_KEYS = {
     'max_rows': (int, 'a whole number'),
     'tables': (str, 'table names'),
     'writes': (_yes_no, 'true or false'),
+    'invalidate': (_yes_no, 'true or false'),
 }
 # A key may be written with spaces or hyphens: "cache-time", "Cache time".
 _HEADER = re.compile(r'^--\s*([A-Za-z_][\w -]*?)\s*:\s*(.*?)\s*$')
@@ -245,7 +264,8 @@ def load_sql_file(path):
     """Read a ``.sql`` file into a :class:`SQLMethod`.
 
     The leading ``--`` comment lines may carry ``name``, ``cache_time``,
-    ``max_rows``, ``tables`` and ``writes`` as ``-- key: value`` (a key
+    ``max_rows``, ``tables``, ``writes`` and ``invalidate`` as
+    ``-- key: value`` (a key
     may be spelt with hyphens or spaces); the name defaults to the file's
     stem. A header key close to one of these but not one of them
     (``-- cache_tme: 20``) is an error rather than prose, so that a typo
