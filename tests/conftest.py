@@ -426,7 +426,8 @@ class Proxy:
     def __init__(self, target_port):
         self.target = target_port
         #: ``mangle(data)``: the server's bytes as the client gets them, a
-        #: list of pieces sent one by one (empty: the proxy hangs up).
+        #: list of pieces sent one by one; an empty list, or an empty
+        #: piece, hangs up there.
         self.mangle = None
         self.port = random.randrange(20000, 32000)
         self.address = f'127.0.0.1:{self.port}'
@@ -470,6 +471,8 @@ class Proxy:
                     if not pieces:
                         break
                 for piece in pieces:
+                    if not piece:  # an empty piece: hang up here
+                        raise OSError('hung up')
                     sink.sendall(piece)
                     time.sleep(0.001 * (len(pieces) > 1))
         except OSError:

@@ -569,11 +569,13 @@ def test_the_reader_reads_a_reply_in_pieces(memcached, stored):
             'a value longer than it said',
         ),  # fmt: skip
         (lambda data: [data[:5]], 'did not answer in time'),  # cut short
+        (lambda data: [data[:5], b''], 'closed the connection mid-reply'),
         (lambda data: [], 'closed the connection'),
         (
             lambda data: [b'SERVER_ERROR out of memory\r\n'],
             'SERVER_ERROR out of memory',
         ),  # fmt: skip
+        (lambda data: [b'VALUE small 0 x\r\n'], 'VALUE small 0 x'),
     ],
 )
 def test_a_damaged_reply_closes_the_connection(
@@ -582,10 +584,33 @@ def test_a_damaged_reply_closes_the_connection(
     proxy = Proxy(memcached.port)
     reader = reader_of(proxy.address)
     assert reader.fetch(['small']) == {'small': b'x'}
-    proxy.mangle = mangle
-    with pytest.raises(OSError, match=message):
+    asked = []
+
+    def counted(data):
+        asked.append(data)
+        return mangle(data)
+
+    proxy.mangle = counted
+    with pytest.raises(Exception, match=message):
         reader.fetch(['small'])
     assert reader.sock is None
+    # Asked again only when the connection closed before any reply came.
+    assert len(asked) == (2 if message == 'closed the connection' else 1)
+    proxy.cut()
+
+
+def test_a_server_error_is_a_miss_not_an_outage(sqlite_url, memcached, apps):
+    proxy = Proxy(memcached.port)
+    app = apps(sqlite_url, [SEARCH], shared_settings(proxy))
+    cache = app.app.registry.dbtune.cache
+    call(app, ('search', {'area': 'Headingley'}))
+    proxy.mangle = lambda data: [b'SERVER_ERROR out of memory\r\n']
+    for _ in range(3):
+        call(app, ('search', {'area': 'Headingley'}))
+    assert cache.errors >= 3
+    # The server answered: HashClient does not take it out.
+    assert cache.client._failed_clients == {}
+    assert cache.client._dead_clients == {}
     proxy.cut()
 
 
@@ -640,3 +665,37 @@ def test_a_read_that_does_not_invalidate_is_kept_in_every_process(
     answer = call(app, ('search', headingley), ('lagging', headingley))
     assert rows_of(answer, 0) == [[1, 95], [2, 120]]
     assert rows_of(answer, 1) == HEADINGLEY
+
+
+def test_a_server_that_takes_no_command_times_out():
+    # A peer that accepts connections and never reads: the command fills
+    # the socket's buffers, and the send gives up after the timeout.
+    import socket
+
+    with socket.socket() as listener:
+        listener.bind(('127.0.0.1', 0))
+        listener.listen(1)
+        reader = memcached_module.Reader(listener.getsockname(), 1, 0.2)
+        with pytest.raises(TimeoutError, match='took no command in time'):
+            reader.fetch(['k' * 200] * 200_000)
+        assert reader.sock is None
+
+
+def test_tables_may_be_any_iterable(sqlite_url, memcached, apps):
+    app = apps(sqlite_url, [], shared_settings(memcached))
+    cache = app.app.registry.dbtune.cache
+    key = ('prefix', (1,), (int,))
+    rows = Rows(['a'], [(1,)])
+    assert cache.get_or_fill(key, 10, ['t'], lambda: rows)[1] == 'miss'
+    assert cache.get_or_fill(key, 10, ('t',), lambda: rows)[1] == 'hit'
+
+
+def test_a_new_connection_closed_at_once_is_not_asked_again(memcached):
+    proxy = Proxy(memcached.port)
+    asked = []
+    proxy.mangle = lambda data: asked.append(data) or []
+    reader = reader_of(proxy.address)
+    with pytest.raises(memcached_module.Closed):
+        reader.fetch(['small'])
+    assert len(asked) == 1
+    proxy.cut()

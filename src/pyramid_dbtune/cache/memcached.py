@@ -21,6 +21,7 @@ import logging
 import secrets
 import socket
 import struct
+import sys
 import threading
 import time
 import uuid
@@ -126,8 +127,20 @@ def decode(payload):
     )
 
 
-class ReplyError(ConnectionError):
-    """memcached's reply to ``get`` was cut short or not a reply."""
+class ReplyError(Exception):
+    """memcached's reply to ``get`` was not one this module can read.
+
+    Not an :class:`OSError`: the server answered, so HashClient must not
+    count it as down (``SERVER_ERROR out of memory`` is a miss, not an
+    outage)."""
+
+
+class Closed(ConnectionError):
+    """The connection was closed before any of the reply came."""
+
+
+#: A receive takes at most this much: the kernel hands over less at once.
+_RECEIVE = 256 * 1024
 
 
 class Reader:
@@ -152,18 +165,20 @@ class Reader:
     def _connect(self):
         sock = socket.create_connection(self.server, self.connect_timeout)
         sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-        # The timeout is the kernel's: a socket in Python's timeout mode
-        # polls before every send and receive, two system calls more per
-        # hit. Where the kernel will not take it, Python's it is.
-        seconds, fraction = divmod(self.timeout, 1)
-        limit = struct.pack('ll', int(seconds), int(fraction * 1e6))
-        try:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_KEEPALIVE, 1)
+        if _KERNEL_TIMEOUTS:
+            # The kernel's timeout: a socket in Python's timeout mode polls
+            # before every send and receive, two system calls more a hit.
+            seconds, fraction = divmod(self.timeout, 1)
+            micro = int(fraction * 1e6)
+            if not seconds:
+                micro = max(micro, 1)  # {0, 0} would mean no timeout at all
+            limit = struct.pack('ll', int(seconds), micro)
             sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVTIMEO, limit)
             sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDTIMEO, limit)
-        except OSError:  # pragma: no cover (not Linux or macOS)
-            sock.settimeout(self.timeout)
-        else:
             sock.settimeout(None)
+        else:  # pragma: no cover (not Linux or macOS)
+            sock.settimeout(self.timeout)
         self.sock = sock
         return sock
 
@@ -175,14 +190,15 @@ class Reader:
     def fetch(self, keys):
         """``{key: value}`` of those ``keys`` the server holds.
 
-        A connection kept from before that turns out closed (memcached
-        restarted, or something between dropped it) is replaced once: a
-        ``get`` can be asked again."""
+        A connection kept from before that is found closed before any of
+        the reply came (memcached restarted, or something between reset
+        it) is replaced once: a ``get`` can be asked again. A timeout, or a
+        reply cut short, is not asked again."""
         command = ('get ' + ' '.join(keys) + '\r\n').encode('ascii')
         kept = self.sock is not None
         try:
             return self._ask(command)
-        except ConnectionError:
+        except (Closed, ConnectionResetError, BrokenPipeError):
             if not kept:
                 raise
         return self._ask(command)
@@ -190,7 +206,12 @@ class Reader:
     def _ask(self, command):
         try:
             sock = self.sock or self._connect()
-            sock.sendall(command)
+            try:
+                sock.sendall(command)
+            except BlockingIOError:  # the kernel's timeout ran out
+                raise TimeoutError(
+                    'memcached took no command in time'
+                ) from None
             return self._reply(sock)
         except BaseException:
             self.close()
@@ -200,7 +221,7 @@ class Reader:
     def _reply(sock):
         # Mostly the whole reply comes in one piece: it is parsed where it
         # lies, and only the values are copied out.
-        data = _receive(sock)
+        data = _receive(sock, first=True)
         pos = 0
         found = {}
         while True:
@@ -213,7 +234,7 @@ class Reader:
                     raise ReplyError('more after END')
                 return found
             head = data[pos:end].split()
-            if len(head) != 4 or head[0] != b'VALUE':
+            if len(head) != 4 or head[0] != b'VALUE' or not head[3].isdigit():
                 raise ReplyError(data[pos:end][:40].decode('ascii', 'replace'))
             start = end + 2
             stop = start + int(head[3])
@@ -225,13 +246,20 @@ class Reader:
             pos = stop + 2
 
 
-def _receive(sock, size=65536):
+#: Kernel timeouts where ``SO_RCVTIMEO`` takes a ``struct timeval`` of two
+#: longs; elsewhere Python's timeout mode.
+_KERNEL_TIMEOUTS = sys.platform.startswith(('linux', 'darwin'))
+
+
+def _receive(sock, size=0, first=False):
     try:
-        chunk = sock.recv(max(size, 65536))
+        chunk = sock.recv(min(max(size, 65536), _RECEIVE))
     except BlockingIOError:  # the kernel's timeout ran out
         raise TimeoutError('memcached did not answer in time') from None
     if not chunk:
-        raise ReplyError('memcached closed the connection')
+        if first:
+            raise Closed('memcached closed the connection')
+        raise ReplyError('memcached closed the connection mid-reply')
     return chunk
 
 
@@ -443,6 +471,8 @@ class MemcachedCache:
     def _tables(self, tables):
         """``tables`` in order, and the keys of their generations and the
         epoch: the same for every call of a method, so remembered."""
+        if not isinstance(tables, frozenset):
+            tables = frozenset(tables)
         known = self._table_keys.get(tables)
         if known is None:
             ordered = sorted(tables)
