@@ -93,3 +93,31 @@ def test_duplicate_column_names_give_the_first():
 def test_half_built_record_raises_rather_than_recursing():
     with pytest.raises(AttributeError):
         Record.__new__(Record).anything
+
+
+def test_columns_are_properties_of_a_class_made_once():
+
+    one = Rows(['id', 'count', '2nd', '_private'], [(1, 5, 'b', 'p')])
+    two = Rows(['id', 'count', '2nd', '_private'], [(2, 6, 'c', 'q')])
+    assert type(one[0]) is type(two[0])
+    assert isinstance(one[0], Record)
+    assert isinstance(type(one[0]).__dict__['count'], property)
+    assert one[0].count == 5 and two[0].id == 2
+    # Names that cannot be properties are still read.
+    assert getattr(one[0], '2nd') == 'b' and one[0]['2nd'] == 'b'
+    assert one[0]._private == 'p'
+    with pytest.raises(AttributeError, match='immutable'):
+        one[0].count = 1
+    # Equal to, and pickled as, a plain record.
+    assert one[0] == Record((1, 5, 'b', 'p'), one[0]._index)
+    assert pickle.loads(pickle.dumps(one)) == one
+
+
+def test_the_classes_made_are_bounded(monkeypatch):
+    from pyramid_dbtune import rows as rows_module
+
+    monkeypatch.setattr(rows_module, '_MAX_CLASSES', 0)
+    first = Rows(['unseen_column'], [(1,)])
+    again = Rows(['unseen_column'], [(1,)])
+    assert type(first[0]) is not type(again[0])
+    assert first == again and again[0].unseen_column == 1

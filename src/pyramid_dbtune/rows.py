@@ -92,6 +92,36 @@ def _index(columns):
     return index
 
 
+_CLASSES = {}
+_MAX_CLASSES = 1000
+
+
+def _column(position):
+    return property(lambda record: record._values[position])
+
+
+def _record_class(columns, index):
+    """A :class:`Record` class whose columns are properties.
+
+    ``record.rent`` is how pages read rows; a property is ten times as
+    quick as :meth:`Record.__getattr__`, which Python calls only after its
+    own lookup has failed. One class per set of columns, made once.
+    """
+    made = _CLASSES.get(columns)
+    if made is None:
+        attributes = {
+            name: _column(position)
+            for name, position in index.items()
+            if name.isidentifier()
+            and not name.startswith('_')
+            and not hasattr(Record, name)
+        }
+        made = type('Record', (Record,), {'__slots__': (), **attributes})
+        if len(_CLASSES) < _MAX_CLASSES:
+            _CLASSES[columns] = made
+    return made
+
+
 class Rows(Sequence):
     """The rows a SQL method returned: an immutable sequence of records.
 
@@ -106,7 +136,8 @@ class Rows(Sequence):
     def __init__(self, columns=(), data=(), *, truncated=False, rowcount=-1):
         columns = tuple(columns)
         index = _index(columns)
-        records = tuple(Record(row, index) for row in data)
+        record = _record_class(columns, index)
+        records = tuple(record(row, index) for row in data)
         for name, value in (
             ('columns', columns),
             ('truncated', bool(truncated)),
