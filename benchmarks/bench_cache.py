@@ -29,8 +29,7 @@ from dogpile.cache import make_region
 from pyramid.config import Configurator
 from pyramid.scripting import prepare
 
-from accommodation.seed import SCHEMA, properties
-from common import best_per_call, postgresql_scratch
+from common import best_per_call, load_properties, postgresql_scratch
 
 SEARCH = Path(__file__).parents[1] / (
     'examples/accommodation/accommodation/sql/search_properties.sql'
@@ -42,25 +41,6 @@ PARAMS = {
     'available': '2026-09-01',
 }
 COUNT = 20000
-
-
-def load(url, schema_sql):
-    engine = sa.create_engine(url)
-    with engine.begin() as connection:
-        for statement in filter(str.strip, schema_sql.split(';')):
-            connection.exec_driver_sql(statement)
-        connection.execute(
-            sa.text(
-                'INSERT INTO property VALUES '
-                '(:id, :title, :area, :rent, :rooms, :available, :d)'
-            ),
-            [
-                dict(zip(('id', 'title', 'area', 'rent', 'rooms',
-                          'available', 'd'), row, strict=True))
-                for row in properties(COUNT)
-            ],
-        )  # fmt: skip
-    engine.dispose()
 
 
 def request_for(url):
@@ -93,7 +73,7 @@ def main(argv=None):
     results = {}
     with tempfile.TemporaryDirectory() as tmp:
         url = f'sqlite:///{tmp}/bench.sqlite'
-        load(url, SCHEMA)
+        load_properties(url, COUNT)
         request, runtime = request_for(url)
         cached = request.sql.cached
         uncached = request.sql.uncached
@@ -128,7 +108,7 @@ def main(argv=None):
         note = drop
     else:
         try:
-            load(url, SCHEMA)
+            load_properties(url, COUNT)
             request, runtime = request_for(url)
             uncached = request.sql.uncached
             assert uncached(**PARAMS) == expected

@@ -26,14 +26,12 @@ import tempfile
 import time
 from pathlib import Path
 
-import sqlalchemy as sa
 from dogpile.cache import make_region
 from pymemcache.client.base import Client
 from pyramid.config import Configurator
 from pyramid.scripting import prepare
 
-from accommodation.seed import SCHEMA, properties
-from common import best_per_call
+from common import best_per_call, load_properties
 
 HERE = Path(__file__).parent
 SEARCH = (
@@ -77,15 +75,7 @@ def main(argv=None):
     try:
         with tempfile.TemporaryDirectory() as tmp:
             url = f'sqlite:///{tmp}/bench.sqlite'
-            engine = sa.create_engine(url)
-            with engine.begin() as connection:
-                for statement in filter(str.strip, SCHEMA.split(';')):
-                    connection.exec_driver_sql(statement)
-                connection.exec_driver_sql(
-                    'INSERT INTO property VALUES (?, ?, ?, ?, ?, ?, ?)',
-                    list(properties(20000)),
-                )
-            engine.dispose()
+            load_properties(url)
             results, size = measure(url, port, calls, rounds)
     finally:
         process.kill()

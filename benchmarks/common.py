@@ -5,6 +5,8 @@ import time
 
 import sqlalchemy as sa
 
+from accommodation.seed import SCHEMA, properties
+
 POSTGRESQL_URL = os.environ.get(
     'DBTUNE_TEST_POSTGRESQL',
     'postgresql+psycopg://postgres@127.0.0.1:5432/test',
@@ -45,3 +47,23 @@ def postgresql_scratch():
         admin.dispose()
 
     return url.render_as_string(hide_password=False), drop
+
+
+def load_properties(url, count=20000):
+    """Create the demo's table at ``url`` and seed ``count`` properties."""
+    engine = sa.create_engine(url)
+    with engine.begin() as connection:
+        for statement in filter(str.strip, SCHEMA.split(';')):
+            connection.exec_driver_sql(statement)
+        connection.execute(
+            sa.text(
+                'INSERT INTO property VALUES '
+                '(:id, :title, :area, :rent, :rooms, :available, :d)'
+            ),
+            [
+                dict(zip(('id', 'title', 'area', 'rent', 'rooms',
+                          'available', 'd'), row, strict=True))
+                for row in properties(count)
+            ],
+        )  # fmt: skip
+    engine.dispose()

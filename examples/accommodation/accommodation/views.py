@@ -88,10 +88,9 @@ form label {{ margin-right: 1em; }}
 """
 
 
-@view_config(route_name='search')
-def search_page(request):
-    params, rows, matches = search(request)
-    areas = request.sql.list_areas()
+def render_page(params, rows, matches, areas, note):
+    """The search page: the form, then the rows (anything with ``id``,
+    ``title``, ``area``, ``rent``, ``rooms``, ``available``)."""
     esc = html.escape
     options = ''.join(
         '<option{}>{}</option>'.format(
@@ -105,14 +104,6 @@ def search_page(request):
         f'<td>{esc(r.available)}</td></tr>\n'
         for r in rows
     )
-    outcome = cache_outcome(request)
-    context = request.dbtune
-    note = (
-        'Served from the cache.'
-        if outcome == 'hit'
-        else f'{context.queries} queries, '
-        f'{context.db_seconds * 1000:.1f} ms in the database.'
-    )
     page = PAGE.format(
         areas=options,
         max_rent=params['max_rent'],
@@ -123,7 +114,23 @@ def search_page(request):
         rows=body,
         outcome=note,
     )
-    response = Response(page, content_type='text/html', charset='utf-8')
+    return Response(page, content_type='text/html', charset='utf-8')
+
+
+@view_config(route_name='search')
+def search_page(request):
+    params, rows, matches = search(request)
+    outcome = cache_outcome(request)
+    context = request.dbtune
+    note = (
+        'Served from the cache.'
+        if outcome == 'hit'
+        else f'{context.queries} queries, '
+        f'{context.db_seconds * 1000:.1f} ms in the database.'
+    )
+    response = render_page(
+        params, rows, matches, request.sql.list_areas(), note
+    )
     response.headers['X-Cache'] = outcome
     return response
 
