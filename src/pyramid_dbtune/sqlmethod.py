@@ -241,7 +241,7 @@ class SQLFileError(ValueError):
     """A ``.sql`` file that cannot be loaded; the text names file and line."""
 
 
-def load_sql_file(path):
+def load_sql_file(path, **overrides):
     """Read a ``.sql`` file into a :class:`SQLMethod`.
 
     The leading ``--`` comment lines may carry ``name``, ``cache_time``,
@@ -249,7 +249,8 @@ def load_sql_file(path):
     may be spelt with hyphens or spaces); the name defaults to the file's
     stem. A header key close to one of these but not one of them
     (``-- cache_tme: 20``) is an error rather than prose, so that a typo
-    cannot silently turn caching off.
+    cannot silently turn caching off. ``overrides`` (the keywords of
+    :class:`SQLMethod`, and ``name``) win over the header.
     """
     path = Path(path)
     options = {'name': path.stem}
@@ -290,6 +291,7 @@ def load_sql_file(path):
     if 'cache_time' in options and options['cache_time'].is_integer():
         options['cache_time'] = int(options['cache_time'])
     sql = '\n'.join(lines[body:])
+    options.update(overrides)
     name = options.pop('name')
     try:
         return SQLMethod(name, sql, **options)
