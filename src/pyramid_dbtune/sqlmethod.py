@@ -241,6 +241,17 @@ class SQLFileError(ValueError):
     """A ``.sql`` file that cannot be loaded; the text names file and line."""
 
 
+def check_unknown_key(path, number, key, keys):
+    """A header key that is not one of ``keys`` is prose, unless it is
+    close to one: then it is a typo, an error naming file and line."""
+    close = difflib.get_close_matches(key, keys, n=1)
+    if close:
+        raise SQLFileError(
+            f'{path}:{number}: unknown header key {key!r} (did you '
+            f'mean {close[0]!r}? accepted: {", ".join(keys)})'
+        )
+
+
 def load_sql_file(path, **overrides):
     """Read a ``.sql`` file into a :class:`SQLMethod`.
 
@@ -271,12 +282,7 @@ def load_sql_file(path, **overrides):
         key = re.sub(r'[\s-]+', '_', match.group(1).lower())
         value = match.group(2)
         if key not in _HEADER_KEYS:
-            close = difflib.get_close_matches(key, _HEADER_KEYS, n=1)
-            if close:
-                raise SQLFileError(
-                    f'{path}:{number}: unknown header key {key!r} (did you '
-                    f'mean {close[0]!r}? accepted: {", ".join(_HEADER_KEYS)})'
-                )
+            check_unknown_key(path, number, key, _HEADER_KEYS)
             continue
         convert, accepted = _HEADER_KEYS[key]
         if key == 'tables' and not value.replace(',', ' ').split():

@@ -29,6 +29,7 @@ from .sqlmethod import (
     SQLFileError,
     SQLMethod,
     _yes_no,
+    check_unknown_key,
     load_sql_file,
 )
 
@@ -112,26 +113,21 @@ class _Render:
         raise exc_type(f'ZSQL method {self.method}(): argument {arg!r} {what}')
 
 
+_NUMBERS = {'int': (int, 'an integer'), 'float': (float, 'a number')}
+
+
 def _convert(render, arg, kind, value):
     """``value`` as the tag's ``type`` says, as Zope's tags checked it."""
-    if kind == 'int':
+    if kind in _NUMBERS:
+        number, noun = _NUMBERS[kind]
         try:
             if isinstance(value, str | bytes):
-                return int(value.strip())
+                return number(value.strip())
             if isinstance(value, int | float) and not isinstance(value, bool):
-                return int(value)
+                return number(value)
         except ValueError:
             pass
-        render.fail(ValueError, arg, f'must be an integer, not {value!r}')
-    if kind == 'float':
-        try:
-            if isinstance(value, str | bytes):
-                return float(value.strip())
-            if isinstance(value, int | float) and not isinstance(value, bool):
-                return float(value)
-        except ValueError:
-            pass
-        render.fail(ValueError, arg, f'must be a number, not {value!r}')
+        render.fail(ValueError, arg, f'must be {noun}, not {value!r}')
     if isinstance(value, bytes):
         value = value.decode('utf-8')
     if not isinstance(value, str):
@@ -726,7 +722,6 @@ class ZSQLMethod(SQLMethod):
         return statement, render.binds
 
 
-#: The header keys of a ``.zsql`` file, how each is read, what it takes.
 def _count(value):
     number = int(value)
     if number < 0:
@@ -747,6 +742,7 @@ def _tables(value):
     return value
 
 
+#: The header keys of a ``.zsql`` file, how each is read, what it takes.
 _ZSQL_KEYS = {
     'title': (str, 'text'),
     'connection_id': (str, 'a name'),
@@ -791,12 +787,7 @@ def _read_header(path, block, first_line):
                 )
             continue
         if key not in _ZSQL_KEYS:
-            close = difflib.get_close_matches(key, _ZSQL_KEYS, n=1)
-            if close:
-                raise SQLFileError(
-                    f'{path}:{number}: unknown header key {key!r} (did you '
-                    f'mean {close[0]!r}? accepted: {", ".join(_ZSQL_KEYS)})'
-                )
+            check_unknown_key(path, number, key, _ZSQL_KEYS)
             continue
         found[key] = (match.group(2).strip(), number)
         last = key
