@@ -6,7 +6,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 DEMO_INI := examples/accommodation/development.ini
 
-.PHONY: demo test lint format docs bench-cache bench-fastpath bench-rwsplit bench-memcached clean
+.PHONY: demo test lint format docs buildout bench-cache bench-fastpath bench-rwsplit bench-memcached clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -41,6 +41,11 @@ format: $(VENV)/.testing
 
 docs: $(VENV)/.testing
 	$(BIN)/sphinx-build -W -b html docs docs/_build/html
+
+# buildout.cfg, checked in a fresh clone of HEAD: `buildout`, then its
+# bin/pytest (PYTEST_ARGS as for `make test`). Minutes: not in `make test`.
+buildout:
+	bash .ci/buildout.sh
 
 bench-cache: $(VENV)/.testing
 	$(BIN)/python benchmarks/bench_cache.py

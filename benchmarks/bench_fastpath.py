@@ -116,10 +116,13 @@ def serve(server, variant, port):
     env['PYTHONPATH'] = os.pathsep.join(
         filter(None, [str(HERE), env.get('PYTHONPATH')])
     )
-    bindir = Path(sys.executable).parent
+    # `python -m`, not the console scripts: under buildout they are not
+    # beside the interpreter.
     if server == 'waitress':
         command = [
-            str(bindir / 'waitress-serve'),
+            sys.executable,
+            '-m',
+            'waitress',
             f'--listen=127.0.0.1:{port}',
             '--threads=4',
             '--call',
@@ -127,7 +130,9 @@ def serve(server, variant, port):
         ]
     else:
         command = [
-            str(bindir / 'gunicorn'),
+            sys.executable,
+            '-m',
+            'gunicorn',
             '--bind',
             f'127.0.0.1:{port}',
             '--workers',

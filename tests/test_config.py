@@ -138,9 +138,13 @@ def test_sql_directory_from_an_asset_spec(sqlite_url, runtimes):
 
 def test_sql_directory_errors(tmp_path, sqlite_url):
     config = configure(sqlite_url)
-    with pytest.raises(ConfigurationError, match='holds \\*.sql files'):
+    with pytest.raises(
+        ConfigurationError, match=r'holds \*.sql or \*.zsql files'
+    ):
         config.add_sql_methods(str(tmp_path / 'missing'))
-    with pytest.raises(ConfigurationError, match='holds \\*.sql files'):
+    with pytest.raises(
+        ConfigurationError, match=r'holds \*.sql or \*.zsql files'
+    ):
         config.add_sql_methods(str(tmp_path))
     (tmp_path / 'bad.sql').write_text('-- max_rows: x\nSELECT 1')
     with pytest.raises(ConfigurationError, match='bad.sql:1: max_rows'):

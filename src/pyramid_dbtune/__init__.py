@@ -9,14 +9,15 @@ from pathlib import Path
 from pyramid.exceptions import ConfigurationError
 from pyramid.path import AssetResolver
 
-from . import access, fastpath
+from . import access, fastpath, zsql
 from . import settings as _settings
 from .cache import MAX_EXPIRY, make_cache
 from .errors import WriteInReadError, WriteSlotTimeout
 from .routing import RequestContext, Router, SQLNamespace
 from .rows import Record, Rows
 from .session import RoutingSession, dbsession
-from .sqlmethod import SQLFileError, SQLMethod, load_sql_file
+from .sqlmethod import SQLFileError, SQLMethod
+from .zsql import ZSQLMethod
 
 __all__ = [
     'DBTune',
@@ -27,6 +28,7 @@ __all__ = [
     'SQLMethod',
     'WriteInReadError',
     'WriteSlotTimeout',
+    'ZSQLMethod',
     'includeme',
 ]
 
@@ -112,22 +114,28 @@ def add_sql_method(config, name, sql=None, **kw):
 
 
 def add_sql_methods(config, spec):
-    """Register every ``*.sql`` file in a directory, as an asset spec.
+    """Register every ``*.sql`` and ``*.zsql`` file in a directory, given
+    as an asset spec or a path.
 
-    ``config.add_sql_methods('myapp:sql/')``; each file's header is read
-    by :func:`~pyramid_dbtune.sqlmethod.load_sql_file`.
+    ``config.add_sql_methods('myapp:sql/')``; a ``.sql`` file is read by
+    :func:`~pyramid_dbtune.sqlmethod.load_sql_file`, a Zope ``.zsql`` file
+    by :func:`~pyramid_dbtune.zsql.load_zsql_file`.
     """
     path = Path(AssetResolver(config.package).resolve(spec).abspath())
-    files = sorted(path.glob('*.sql')) if path.is_dir() else []
+    files = (
+        sorted(f for f in path.iterdir() if f.suffix in zsql.LOADERS)
+        if path.is_dir()
+        else []
+    )
     if not files:
         raise ConfigurationError(
             f'add_sql_methods({spec!r}): {path} is not a directory that '
-            'holds *.sql files'
+            'holds *.sql or *.zsql files'
         )
     loaded = {}
     for file in files:
         try:
-            method = load_sql_file(file)
+            method = zsql.load_file(file)
         except SQLFileError as exc:
             raise ConfigurationError(str(exc)) from None
         if method.name in loaded:

@@ -260,7 +260,18 @@ class SQLFileError(ValueError):
     """A ``.sql`` file that cannot be loaded; the text names file and line."""
 
 
-def load_sql_file(path):
+def check_unknown_key(path, number, key, keys):
+    """A header key that is not one of ``keys`` is prose, unless it is
+    close to one: then it is a typo, an error naming file and line."""
+    close = difflib.get_close_matches(key, keys, n=1)
+    if close:
+        raise SQLFileError(
+            f'{path}:{number}: unknown header key {key!r} (did you '
+            f'mean {close[0]!r}? accepted: {", ".join(keys)})'
+        )
+
+
+def load_sql_file(path, **overrides):
     """Read a ``.sql`` file into a :class:`SQLMethod`.
 
     The leading ``--`` comment lines may carry ``name``, ``cache_time``,
@@ -269,7 +280,8 @@ def load_sql_file(path):
     may be spelt with hyphens or spaces); the name defaults to the file's
     stem. A header key close to one of these but not one of them
     (``-- cache_tme: 20``) is an error rather than prose, so that a typo
-    cannot silently turn caching off.
+    cannot silently turn caching off. ``overrides`` (the keywords of
+    :class:`SQLMethod`, and ``name``) win over the header.
     """
     path = Path(path)
     options = {'name': path.stem}
@@ -290,12 +302,7 @@ def load_sql_file(path):
         key = re.sub(r'[\s-]+', '_', match.group(1).lower())
         value = match.group(2)
         if key not in _HEADER_KEYS:
-            close = difflib.get_close_matches(key, _HEADER_KEYS, n=1)
-            if close:
-                raise SQLFileError(
-                    f'{path}:{number}: unknown header key {key!r} (did you '
-                    f'mean {close[0]!r}? accepted: {", ".join(_HEADER_KEYS)})'
-                )
+            check_unknown_key(path, number, key, _HEADER_KEYS)
             continue
         convert, accepted = _HEADER_KEYS[key]
         if key == 'tables' and not value.replace(',', ' ').split():
@@ -310,6 +317,7 @@ def load_sql_file(path):
     if 'cache_time' in options and options['cache_time'].is_integer():
         options['cache_time'] = int(options['cache_time'])
     sql = '\n'.join(lines[body:])
+    options.update(overrides)
     name = options.pop('name')
     try:
         return SQLMethod(name, sql, **options)

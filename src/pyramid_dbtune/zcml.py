@@ -1,0 +1,95 @@
+"""ZCML directives, through pyramid_zcml (``pip install
+pyramid_dbtune[zcml]``).
+
+``<include package="pyramid_dbtune" />`` reads this package's
+``configure.zcml``, which does what ``config.include('pyramid_dbtune')``
+does and makes the ``dbtune:`` directives of ``meta.zcml`` known::
+
+    <configure xmlns="http://pylonshq.com/pyramid"
+               xmlns:dbtune="urn:pyramid_dbtune">
+      <include package="pyramid_zcml" />
+      <include package="pyramid_dbtune" />
+      <dbtune:sqlmethod file="sql/search.zsql" cache_time="20" />
+      <dbtune:sqlmethod name="areas" sql="SELECT name FROM area" />
+      <dbtune:sqlmethods directory="sql" />
+    </configure>
+
+A bad attribute is ZCML's usual error, naming the file and the line.
+"""
+
+from pyramid.exceptions import ConfigurationError
+from pyramid_zcml import with_context
+from zope.configuration.fields import Path
+from zope.interface import Interface
+from zope.schema import Bool, Float, Int, Text, TextLine
+
+from .sqlmethod import SQLFileError, SQLMethod
+from .zsql import load_file
+
+#: The XML namespace of the ``dbtune:`` directives.
+NAMESPACE = 'urn:pyramid_dbtune'
+
+
+class ISetupDirective(Interface):
+    """``<dbtune:setup />``: ``config.include('pyramid_dbtune')``."""
+
+
+def setup(_context):
+    with_context(_context).include('pyramid_dbtune')
+
+
+class ISQLMethodDirective(Interface):
+    """``<dbtune:sqlmethod>``: one SQL method, from a file or inline."""
+
+    name = TextLine(
+        title='The method name (default: the file name, less its ending)',
+        required=False,
+    )
+    file = Path(title='A .sql or .zsql file', required=False)
+    sql = Text(title='The statement, with :name parameters', required=False)
+    cache_time = Float(title='Seconds to keep rows', required=False, min=0.0)
+    max_rows = Int(title='Rows to keep at most', required=False, min=0)
+    tables = TextLine(title='Tables read or written', required=False)
+    writes = Bool(title='Whether the statement writes', required=False)
+
+
+def _runtime_config(_context, directive):
+    config = with_context(_context)
+    if getattr(config.registry, 'dbtune', None) is None:
+        raise ConfigurationError(
+            f'<dbtune:{directive}> before pyramid_dbtune is set up: put '
+            '<include package="pyramid_dbtune" /> first'
+        )
+    return config
+
+
+def sqlmethod(_context, name=None, file=None, sql=None, **kw):
+    config = _runtime_config(_context, 'sqlmethod')
+    if (file is None) == (sql is None):
+        raise ConfigurationError(
+            '<dbtune:sqlmethod> takes either file="..." or sql="...", '
+            'one of them'
+        )
+    kw = {k: v for k, v in kw.items() if v is not None}
+    if kw.get('cache_time', 0.5).is_integer():
+        kw['cache_time'] = int(kw['cache_time'])
+    try:
+        if file is not None:
+            method = load_file(file, **({'name': name} if name else {}), **kw)
+        else:
+            if not name:
+                raise ValueError('an inline SQL method needs a name')
+            method = SQLMethod(name, sql, **kw)
+    except (SQLFileError, OSError, ValueError, TypeError) as exc:
+        raise ConfigurationError(str(exc)) from None
+    config.add_sql_method(method)
+
+
+class ISQLMethodsDirective(Interface):
+    """``<dbtune:sqlmethods>``: every .sql and .zsql file of a directory."""
+
+    directory = Path(title='A directory of .sql and .zsql files')
+
+
+def sqlmethods(_context, directory):
+    _runtime_config(_context, 'sqlmethods').add_sql_methods(directory)

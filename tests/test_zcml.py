@@ -1,0 +1,111 @@
+"""ZCML: an app configured in ZCML alone; the dbtune: directives' errors."""
+
+import pytest
+from pyramid.config import Configurator
+from webtest import TestApp
+from zope.configuration.exceptions import ConfigurationError as ZCMLError
+
+from test_zsql import PRODUCT
+
+from conftest import call, create_tables, query_log
+
+
+def zcml_app(url, zcml=PRODUCT / 'configure.zcml', tables=True):
+    if tables:
+        create_tables(url)
+    with Configurator(settings={'dbtune.url': url}) as config:
+        config.include('pyramid_zcml')
+        config.load_zcml(str(zcml))
+        return TestApp(config.make_wsgi_app())
+
+
+def test_an_app_in_zcml_serves_a_cached_sql_method(db_url):
+    app = zcml_app(db_url)
+    try:
+        log = query_log(app)
+        methods = app.app.registry.dbtune.methods
+        assert {'search_area', 'search_briefly', 'areas'} <= set(methods)
+        assert methods['search_briefly'][0].max_rows == 1
+        assert methods['search_briefly'][1] == 1.5
+        assert methods['areas'][1] == 30
+        calls = [('search_area', {'area': 'Headingley'})] * 2
+        first = call(app, *calls, ('areas', {}))
+        second = call(app, *calls, ('search_briefly', {'area': 'Headingley'}))
+        assert first['results'][0]['rows'] == [[1, 90], [2, 120]]
+        assert first['results'][2]['rows'] == [['Burley'], ['Headingley']]
+        assert second['results'][2]['rows'] == [[1, 90]]
+        assert (first['cache']['hit'], second['cache']['hit']) == (1, 2)
+        assert log.count('WHERE area =') == 2  # search_area, search_briefly
+    finally:
+        app.app.registry.dbtune.router.dispose()
+
+
+def write_zcml(tmp_path, body, include=True):
+    path = tmp_path / 'configure.zcml'
+    (tmp_path / 'sql').mkdir(exist_ok=True)
+    (tmp_path / 'sql' / 'one.sql').write_text('SELECT 1 AS one\n')
+    path.write_text(
+        '<configure xmlns="http://pylonshq.com/pyramid"\n'
+        '           xmlns:dbtune="urn:pyramid_dbtune">\n'
+        '  <include package="pyramid_zcml" />\n'
+        + ('  <include package="pyramid_dbtune" />\n' if include else '')
+        + f'  {body}\n</configure>\n'
+    )
+    return path
+
+
+@pytest.mark.parametrize(
+    'body, line, message',
+    [
+        ('<dbtune:sqlmethod name="x" sql="SELECT 1" cache_time="soon" />',
+         5, 'cache_time'),
+        ('<dbtune:sqlmethod name="x" sql="SELECT 1" max_rows="-2" />',
+         5, 'max_rows'),
+        ('<dbtune:sqlmethod name="x" sql="SELECT 1" colour="red" />',
+         5, 'colour'),
+        ('<dbtune:sqlmethod name="x" />', 5, 'takes either file="..." or '
+         'sql="..."'),
+        ('<dbtune:sqlmethod sql="SELECT 1" />', 5, 'an inline SQL method '
+         'needs a name'),
+        ('<dbtune:sqlmethod name="1x" sql="SELECT 1" />', 5,
+         "SQL method name '1x'"),
+        ('<dbtune:sqlmethod file="sql/none.sql" />', 5, 'none.sql'),
+        ('<dbtune:sqlmethods directory="nowhere" />', 5, 'nowhere'),
+    ],
+)  # fmt: skip
+def test_bad_attributes_are_zcml_errors_with_file_and_line(
+    tmp_path, body, line, message
+):
+    path = write_zcml(tmp_path, body)
+    with pytest.raises(ZCMLError) as info:
+        zcml_app('sqlite://', path, tables=False)
+    text = str(info.value)
+    assert f'File "{path}", line {line}.' in text
+    assert message in text
+
+
+def test_directives_before_the_include_say_so(tmp_path):
+    path = write_zcml(
+        tmp_path,
+        '<include package="pyramid_dbtune" file="meta.zcml" />\n'
+        '  <dbtune:sqlmethods directory="sql" />',
+        include=False,
+    )
+    with pytest.raises(ZCMLError) as info:
+        zcml_app('sqlite://', path, tables=False)
+    assert f'File "{path}", line 5.' in str(info.value)
+    assert 'put <include package="pyramid_dbtune" /> first' in str(info.value)
+
+
+def test_a_file_and_a_directory_from_zcml(tmp_path):
+    path = write_zcml(
+        tmp_path,
+        '<dbtune:sqlmethods directory="sql" />\n'
+        '  <dbtune:sqlmethod file="sql/one.sql" name="uno" tables="t" '
+        'writes="false" cache_time="2" />',
+    )
+    app = zcml_app('sqlite://', path, tables=False)
+    methods = app.app.registry.dbtune.methods
+    assert set(methods) == {'one', 'uno'}
+    assert methods['uno'][0].tables == {'t'} and methods['uno'][1] == 2
+    app.app.registry.dbtune.router.dispose()

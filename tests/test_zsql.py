@@ -1,0 +1,421 @@
+"""Zope's .zsql files: loaded from a Zope-style layout, each method checked
+against hand-written SQL on real databases; values always bound."""
+
+from pathlib import Path
+
+import pytest
+import sqlalchemy as sa
+from pyramid.config import Configurator
+from pyramid.exceptions import ConfigurationError
+
+from pyramid_dbtune import SQLFileError, ZSQLMethod
+from pyramid_dbtune.zsql import ABSENT, load_file, load_zsql_file
+
+from conftest import call, create_tables, query_log
+
+PRODUCT = Path(__file__).parent / 'zope_product'
+SQL_DIR = PRODUCT / 'sql'
+
+#: (method, arguments, the same query written by hand, its parameters)
+EQUIVALENTS = [
+    ('search_area', {'area': 'Headingley'},
+     'SELECT id, rent FROM property WHERE area = :a ORDER BY id',
+     {'a': 'Headingley'}),
+    ('find_properties', {},
+     'SELECT id, area, rent FROM property ORDER BY id', {}),
+    ('find_properties', {'area': 'Headingley'},
+     'SELECT id, area, rent FROM property WHERE area = :a ORDER BY id',
+     {'a': 'Headingley'}),
+    ('find_properties', {'max_rent': '100', 'area': ''},
+     'SELECT id, area, rent FROM property WHERE rent <= 100 ORDER BY id',
+     {}),
+    ('find_properties', {'ids': [1, 3, 4], 'max_rent': 85},
+     'SELECT id, area, rent FROM property '
+     'WHERE rent <= 85 AND id IN (1, 3, 4) ORDER BY id', {}),
+    ('find_properties', {'ids': ['2'], 'also_area': 'Hyde Park'},
+     'SELECT id, area, rent FROM property '
+     'WHERE id = 2 OR area = :a ORDER BY id', {'a': 'Hyde Park'}),
+    ('find_properties', {'ids': [1, 2], 'also_area': 'Burley',
+                         'max_rent': 100},
+     'SELECT id, area, rent FROM property WHERE rent <= 100 '
+     'AND (id IN (1, 2) OR area = :a) ORDER BY id', {'a': 'Burley'}),
+    ('area_like', {'fragment': 'ley'},
+     "SELECT id FROM property WHERE area LIKE '%ley%' ORDER BY id", {}),
+    ('cheap_first', {'cheap_first': 1, 'below': 100},
+     'SELECT id, rent FROM property WHERE rent < 100 ORDER BY rent, id', {}),
+    ('cheap_first', {},
+     'SELECT id, rent FROM property WHERE rent < 1000 '
+     'ORDER BY rent DESC, id', {}),
+    ('property_count', {}, 'SELECT COUNT(*) AS n FROM property', {}),
+]  # fmt: skip
+
+
+def test_the_product_loads_with_its_headers():
+    method = load_zsql_file(SQL_DIR / 'find_properties.zsql')
+    assert method.name == 'find_properties'
+    assert method.params == ('area', 'max_rent', 'ids', 'also_area')
+    assert method.list_params == {'ids'}
+    assert (method.max_rows, method.cache_time) == (50, 20)
+    assert method.connection_id == 'student_db'
+    assert method.title == 'Search with optional criteria'
+    assert method.tables == {'property'} and not method.writes
+    assert repr(method) == '<ZSQLMethod find_properties (read)>'
+    write = load_zsql_file(SQL_DIR / 'set_rent.zsql')
+    assert write.writes and write.tables == {'property'}
+    count = load_file(SQL_DIR / 'property_count.zsql')
+    assert (count.params, count.max_rows, count.max_cache) == ((), 1, None)
+
+
+def _directory_app(url):
+    create_tables(url)
+    with Configurator(settings={'dbtune.url': url}) as config:
+        config.include('pyramid_dbtune')
+        config.add_sql_methods(str(SQL_DIR))
+        config.add_route('call', '/call')
+        config.add_view(
+            'conftest.call_view', route_name='call', renderer='json'
+        )
+        app = config.make_wsgi_app()
+    from webtest import TestApp
+
+    return TestApp(app)
+
+
+def test_each_method_returns_the_rows_of_its_sql(db_url):
+    app = _directory_app(db_url)
+    engine = sa.create_engine(db_url)
+    try:
+        for name, args, sql, params in EQUIVALENTS:
+            got = call(app, (name, args))['results'][0]['rows']
+            with engine.connect() as connection:
+                want = [
+                    list(r) for r in connection.execute(sa.text(sql), params)
+                ]
+            assert want, (name, args)
+            assert got == want, (name, args)
+        # A write, in the request's transaction, through a sqltest.
+        call(app, ('set_rent', {'id': '2', 'rent': 99}))
+        with engine.connect() as connection:
+            rent = connection.execute(
+                sa.text('SELECT rent FROM property WHERE id = 2')
+            )
+            assert rent.scalar() == 99
+    finally:
+        engine.dispose()
+        app.app.registry.dbtune.router.dispose()
+
+
+INJECTION = "x' OR '1'='1'; DROP TABLE property; --"
+
+
+def test_an_injection_through_sqlvar_is_bound_not_run(db_url):
+    app = _directory_app(db_url)
+    log = query_log(app)
+    try:
+        for name, args in [
+            ('search_area', {'area': INJECTION}),
+            ('area_like', {'fragment': INJECTION}),
+            ('find_properties', {'area': INJECTION, 'ids': [INJECTION]}),
+        ]:
+            if name == 'find_properties':
+                # type=int refuses it before any SQL is sent.
+                with pytest.raises(ValueError, match='must be an integer'):
+                    call(app, (name, args))
+                continue
+            assert call(app, (name, args))['results'][0]['rows'] == []
+        assert log.statements
+        assert not any('DROP' in s or "'1'" in s for s in log.statements)
+        # The table is still there, with its rows.
+        rows = call(app, ('property_count', {}))['results'][0]['rows']
+        assert rows == [[4]]
+    finally:
+        app.app.registry.dbtune.router.dispose()
+
+
+def test_an_unsupported_tag_names_file_line_and_tag(tmp_path):
+    path = tmp_path / 'listing.zsql'
+    path.write_text(
+        '<dtml-comment>\narguments: ids\n</dtml-comment>\n'
+        'SELECT * FROM property\n'
+        '<dtml-in ids>id = <dtml-sqlvar sequence-item type=int></dtml-in>\n'
+    )
+    with pytest.raises(SQLFileError) as info:
+        load_zsql_file(path)
+    assert str(info.value).startswith(f'{path}:5: <dtml-in> is not supported')
+    # Through add_sql_methods too, as a ConfigurationError.
+    with Configurator(settings={'dbtune.url': 'sqlite://'}) as config:
+        config.include('pyramid_dbtune')
+        with pytest.raises(
+            ConfigurationError, match='listing.zsql:5: <dtml-in'
+        ):
+            config.add_sql_methods(str(tmp_path))
+        config.registry.dbtune.router.dispose()
+
+
+@pytest.mark.parametrize(
+    'header, body, message',
+    [
+        ('', 'SELECT <dtml-var x sql_quote>', ":1: <dtml-var> names 'x', "
+         "which is not in the header's arguments (declared: none)"),
+        ('arguments: are', 'SELECT <dtml-var area sql_quote>',
+         ":4: <dtml-var> names 'area', which is not in the header's "
+         "arguments (did you mean 'are'?)"),
+        ('arguments: a', 'SELECT <dtml-var a>', ':4: <dtml-var> without '
+         'sql_quote formats a value into the SQL text'),
+        ('', 'SELECT 1<dtml-var sql_delimiter>SELECT 2',
+         ':1: <dtml-var sql_delimiter>: write one statement per method'),
+        ('arguments: a', 'SELECT "<dtml-var a sql_quote>"',
+         'inside double quotes: quote it with single quotes'),
+        ('arguments: a', "SELECT '<dtml-sqlvar a type=int>'",
+         ":4: <dtml-sqlvar> inside a quoted literal is not supported"),
+        ('arguments: a', "SELECT 'x</dtml-if>'",
+         ":4: <dtml-if> inside a quoted literal"),
+        ('arguments: a', "SELECT 'open", ':4: a quoted literal is not closed'),
+        ('arguments: a', 'SELECT <dtml-sqlvar a>',
+         ':4: <dtml-sqlvar> needs a type: one of string, nb, int, float'),
+        ('arguments: a', 'SELECT <dtml-sqlvar a type=date>',
+         ":4: <dtml-sqlvar>: type='date' is not one of"),
+        ('arguments: a', 'SELECT <dtml-sqlvar a type=int fmt=x>',
+         ":4: <dtml-sqlvar>: attribute 'fmt' is not supported (accepted: "
+         'name, type, optional)'),
+        ('arguments: a', 'SELECT <dtml-sqlvar a type=int type=int>',
+         ':4: <dtml-sqlvar>: type is given twice'),
+        ('arguments: a', 'SELECT <dtml-sqlvar "a + 1" type=int>',
+         ':4: <dtml-sqlvar>: expressions ("a + 1") are not supported'),
+        ('arguments: a', 'SELECT <dtml-sqlvar type=int>',
+         ':4: <dtml-sqlvar> names no argument'),
+        ('arguments: a', 'WHERE <dtml-sqltest a type=int column="a;b">',
+         ":4: <dtml-sqltest>: column='a;b' is not a column name"),
+        ('arguments: a', 'WHERE <dtml-sqltest a type=int op=between>',
+         ":4: <dtml-sqltest>: op='between' is not one of eq, ne"),
+        ('arguments: a', 'SELECT 1\n<dtml-and>',
+         ':5: <dtml-and> outside a <dtml-sqlgroup>'),
+        ('arguments: a', '<dtml-sqlgroup>SELECT 1<dtml-else>',
+         ':4: <dtml-else> outside a <dtml-if>'),
+        ('arguments: a', '<dtml-if a>1<dtml-else>2<dtml-elif a>',
+         ':4: <dtml-elif> after <dtml-else>'),
+        ('arguments: a', '<dtml-if a>SELECT 1</dtml-sqlgroup>',
+         ':4: </dtml-sqlgroup> closes no <dtml-sqlgroup> (<dtml-if> is '
+         'open)'),
+        ('arguments: a', 'SELECT 1</dtml-if>', ':4: </dtml-if> closes no '
+         '<dtml-if>'),
+        ('arguments: a', 'SELECT 1\n<dtml-if a>SELECT 2',
+         ':5: <dtml-if> is not closed (no </dtml-if>)'),
+        ('arguments: a', 'SELECT 1 <dtml-comment> never closed',
+         ':4: <dtml-comment> is not closed'),
+        ('arguments: a', 'SELECT &dtml-a; x', ':4: &dtml-a; is not supported: '
+         'write DTML as <dtml-...> tags'),
+        ('arguments: a', 'SELECT <!--#var a-->', ':4: <!--#var is not '
+         'supported'),
+        ('arguments: 1a', 'SELECT 1', ":2: arguments = '1a' is not "
+         "arguments (argument '1a' is not a Python identifier"),
+        ('arguments: a a', 'SELECT 1', "argument 'a' is declared twice"),
+        ('max_rows: -1', 'SELECT 1', ":2: max_rows = '-1' is not a whole "
+         'number, 0 or more'),
+        ('cache_time: soon', 'SELECT 1', ":2: cache_time = 'soon' is not a "
+         'number of seconds'),
+        ('cache_time: -1', 'SELECT 1', ':2: cache_time'),
+        ('tables: ,', 'SELECT 1', ":2: tables = ',' is not table names"),
+        ('writes: maybe', 'SELECT 1', ':2: writes'),
+        ('max_rowz: 3', 'SELECT 1', ":2: unknown header key 'max_rowz' (did "
+         "you mean 'max_rows'?"),
+        ('class_name: Brain', 'SELECT 1', ':2: class_name: result classes '
+         '("brains") are not supported'),
+        ('connection_hook: pick', 'SELECT 1', ':2: connection_hook: the '
+         'database is chosen by dbtune.url'),
+        ('', 'SELECT 1; SELECT 2', 'more than one statement'),
+    ],
+)  # fmt: skip
+def test_load_errors_name_the_file_and_line(tmp_path, header, body, message):
+    path = tmp_path / 'm.zsql'
+    source = f'<dtml-comment>\n{header}\n</dtml-comment>\n{body}\n'
+    path.write_text(source if header else body + '\n')
+    with pytest.raises(SQLFileError) as info:
+        load_zsql_file(path)
+    assert str(info.value).startswith(str(path))
+    assert message in str(info.value)
+
+
+def test_header_odds_and_ends(tmp_path):
+    path = tmp_path / 'odd.zsql'
+    path.write_text(
+        '\n<dtml-comment>\nTitle: odd\nclass_name:\nsome prose\n'
+        'author: me\narguments: a b="two words"\n   c:int=3\n'
+        'tables: property\nwrites: no\n</dtml-comment>\n\n'
+        'SELECT <dtml-sqlvar a type=string>, <dtml-sqlvar b type=string>,'
+        ' <dtml-sqlvar c type=int>;\n'
+    )
+    method = load_zsql_file(path)
+    assert method.title == 'odd'
+    assert method.arguments == {'a': ABSENT, 'b': 'two words', 'c': '3'}
+    assert method.tables == {'property'} and method.writes is False
+    statement, binds = method.bind({'a': 'x'})
+    assert binds == {'a': 'x', 'b': 'two words', 'c': 3}
+    assert str(statement) == 'SELECT :a, :b, :c'
+    (tmp_path / 'bad.zsql').write_bytes(b'\xff\xfe')
+    with pytest.raises(SQLFileError, match='not UTF-8'):
+        load_zsql_file(tmp_path / 'bad.zsql')
+    with pytest.raises(SQLFileError, match=r'ends in \.sql or \.zsql'):
+        load_file(tmp_path / 'x.txt')
+    renamed = load_zsql_file(path, name='other', cache_time=5)
+    assert (renamed.name, renamed.cache_time) == ('other', 5)
+    with pytest.raises(SQLFileError, match="SQL method name '1x'"):
+        load_zsql_file(path, name='1x')
+
+
+def zsql(template, arguments='a b', **kw):
+    return ZSQLMethod('m', template, arguments=arguments, **kw)
+
+
+def render(method, **args):
+    statement, binds = method.bind(args)
+    return ' '.join(str(statement).split()), binds
+
+
+def test_sqlvar_binds_typed_values_and_null():
+    method = zsql(
+        'SELECT <dtml-sqlvar a type=int>, <dtml-sqlvar b type=nb optional>'
+    )
+    assert render(method, a=' 7 ') == ('SELECT :a, :b', {'a': 7, 'b': None})
+    assert render(method, a=7.9, b='')[1] == {'a': 7, 'b': None}
+    assert render(method, a='1', b=b'y')[1] == {'a': 1, 'b': 'y'}
+    assert render(method, a=None, b=3)[1] == {'a': None, 'b': '3'}
+    floats = zsql('SELECT <dtml-sqlvar a type=float>', 'a')
+    assert render(floats, a='2.5')[1] == {'a': 2.5}
+    assert render(floats, a=2)[1] == {'a': 2.0}
+    for value, message in [
+        ('x', "argument 'a' must be an integer, not 'x'"),
+        (True, 'must be an integer, not True'),
+        ('', "argument 'a' must not be empty"),
+    ]:
+        with pytest.raises(ValueError, match=message):
+            method.bind({'a': value})
+    with pytest.raises(ValueError, match="'a' must be a number, not 'x'"):
+        floats.bind({'a': 'x'})
+    with pytest.raises(ValueError, match="'a' must be a number, not True"):
+        floats.bind({'a': True})
+    with pytest.raises(TypeError, match=r"ZSQL method m\(\): argument 'a' is"):
+        method.bind({})
+    with pytest.raises(TypeError, match="unexpected argument 'c'"):
+        method.bind({'a': 1, 'c': 2})
+    strings = zsql('SELECT <dtml-sqlvar a type=string>', 'a')
+    assert render(strings, a='')[1] == {'a': ''}
+    with pytest.raises(ValueError, match="'a' cannot be bound: <object"):
+        strings.bind({'a': object()})
+
+
+def test_sqltest_one_many_none():
+    method = zsql(
+        'SELECT 1 WHERE <dtml-sqltest a type=int column=t.x op=ne multiple>'
+    )
+    assert render(method, a=[1]) == ('SELECT 1 WHERE t.x <> :a', {'a': 1})
+    text, binds = render(method, a=(1, '2'))
+    assert 'NOT IN' in text and binds == {'a': [1, 2]}
+    with pytest.raises(ValueError, match="'a' was given no value"):
+        method.bind({'a': ['', ' ']})
+    with pytest.raises(TypeError, match="'a' is missing"):
+        method.bind({})
+    single = zsql('SELECT 1 WHERE <dtml-sqltest a type=string>', 'a')
+    with pytest.raises(ValueError, match="'a' takes one value, not a list"):
+        single.bind({'a': ['x', 'y']})
+    assert render(single, a='')[1] == {'a': ''}
+
+
+def test_sqlgroup_joins_what_is_given():
+    method = zsql(
+        'UPDATE t <dtml-sqlgroup set noparens>'
+        '<dtml-if a>a = <dtml-sqlvar a type=int></dtml-if><dtml-comma>'
+        '<dtml-unless b>b = 0</dtml-unless>'
+        '</dtml-sqlgroup> <dtml-sqlgroup where required>'
+        '<dtml-sqltest a type=int optional><dtml-or>'
+        '<dtml-sqltest b type=int optional></dtml-sqlgroup>',
+    )
+    assert method.writes and method.tables == {'t'}
+    assert render(method, a=1) == (
+        'UPDATE t SET a = :a , b = 0 WHERE t.a = :a_2'.replace('t.a', 'a'),
+        {'a': 1, 'a_2': 1},
+    )
+    assert render(method, b=2)[0] == 'UPDATE t WHERE b = :b'
+    with pytest.raises(ValueError, match='the <dtml-sqlgroup required> of '
+                       'line 1 needs at least one of its tests'):  # fmt: skip
+        method.bind({})
+
+
+def test_if_elif_else():
+    method = zsql(
+        'SELECT <dtml-if a>1<dtml-elif b>2<dtml-else>3</dtml-if>'
+        '<dtml-if b> + 10</dtml-if>'
+    )
+    assert render(method, a='x')[0] == 'SELECT 1'
+    assert render(method, a='', b=True)[0] == 'SELECT 2 + 10'
+    assert render(method)[0] == 'SELECT 3'
+
+
+def test_literals_and_colons():
+    method = zsql(
+        "SELECT 'it''s <dtml-var a sql_quote>!' AS x, '10:30' AS t, "
+        "'<dtml-var a sql_quote><dtml-var b sql_quote>' AS y, "
+        "<dtml-var a sql_quote> AS z -- don't, :b"
+    )
+    text, binds = render(method, a="o'k", b=2)
+    assert binds == {'a': "it's o'k!", 'a_2': "o'k2", 'a_3': "o'k"}
+    assert ":a AS x, '10:30' AS t, :a_2 AS y, :a_3 AS z" in text
+    with pytest.raises(TypeError, match="'b' is missing"):
+        method.bind({'a': 1})
+    with pytest.raises(TypeError, match="'a' is missing"):
+        zsql('SELECT <dtml-var a sql_quote>').bind({})
+    with pytest.raises(ValueError, match="'a' cannot be bound"):
+        zsql('SELECT <dtml-var a sql_quote>').bind({'a': object()})
+    plain = zsql("SELECT 'no tags', :b", arguments=['b'])
+    assert plain.params == ('b',) and str(plain.bind({})[0]).endswith(':b')
+
+
+def test_statements_are_kept_per_shape():
+    method = zsql('SELECT 1 <dtml-sqlgroup where><dtml-sqltest a type=int '
+                  'optional multiple></dtml-sqlgroup>')  # fmt: skip
+    first = method.bind({'a': [1, 2]})[0]
+    assert method.bind({'a': [3, 4, 5]})[0] is first
+    assert method.bind({})[0] is not first
+    assert method.values({}) == (ABSENT, ABSENT)
+    assert method.values({'b': 1}) == (ABSENT, 1)
+    with pytest.raises(TypeError, match="unexpected argument 'c'"):
+        method.values({'c': 1})
+
+
+def test_bad_constructor_arguments():
+    with pytest.raises(ValueError, match="'m': template must be text"):
+        ZSQLMethod('m', None)
+    with pytest.raises(SQLFileError, match=r'^<ZSQL method m>:4: <dtml-in>'):
+        ZSQLMethod('m', '\n\nSELECT\n<dtml-in x>')
+
+
+def test_absent_is_one_value_that_survives_pickling():
+    import pickle
+
+    assert pickle.loads(pickle.dumps(ABSENT)) is ABSENT
+    assert repr(ABSENT) == '<absent>'
+
+
+def test_cached_calls_of_different_shapes_do_not_share_rows(sqlite_url, apps):
+    method = load_zsql_file(SQL_DIR / 'find_properties.zsql')
+    app = apps(sqlite_url, [method])
+    log = query_log(app)
+    everything = call(app, ('find_properties', {}))
+    some = call(app, ('find_properties', {'area': 'Burley'}))
+    again = call(
+        app, ('find_properties', {}), ('find_properties', {'area': 'Burley'})
+    )
+    assert len(everything['results'][0]['rows']) == 4
+    assert some['results'][0]['rows'] == [[4, 'Burley', 70]]
+    assert [r['rows'] for r in again['results']] == [
+        everything['results'][0]['rows'],
+        some['results'][0]['rows'],
+    ]
+    assert again['cache']['hit'] == 2 and log.count('FROM property') == 2
+
+
+def test_check_names_allows_any_subset():
+    method = zsql('SELECT <dtml-sqlvar a type=int optional>')
+    method.check_names({}) and method.check_names({'a': 1, 'b': 2})
+    with pytest.raises(TypeError, match="unexpected argument 'c'; it takes"):
+        method.check_names({'c': 1})
