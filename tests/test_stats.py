@@ -50,6 +50,11 @@ def boom(request):
     raise RuntimeError('boom')
 
 
+def unavailable(request):
+    request.response.status = 503
+    return {}
+
+
 def test_everything_off_installs_no_tween_and_no_view(sqlite_url, apps):
     app = apps(sqlite_url, [SEARCH], {'dbtune.stats.token': TOKEN})
     assert TWEEN not in tween_names(app)
@@ -139,7 +144,8 @@ def metrics_of(app):
 
 def test_counters_move_with_hits_misses_and_writes(sqlite_url, apps):
     settings = {**ON, 'dbtune.server_timing': 'true'}
-    app = apps(sqlite_url, [SEARCH, SET_RENT], settings, views={'/boom': boom})
+    views = {'/boom': boom, '/unavailable': unavailable}
+    app = apps(sqlite_url, [SEARCH, SET_RENT], settings, views=views)
     before = stats_of(app)
     assert before['requests'] == 0 and before['routes'] == {}
     call(app, ('search', {'area': 'Headingley'}))  # miss
@@ -153,8 +159,11 @@ def test_counters_move_with_hits_misses_and_writes(sqlite_url, apps):
     with pytest.raises(RuntimeError):
         app.get('/boom')
     app.get('/nowhere', status=404)
+    app.get('/unavailable', status=503)
     figures = stats_of(app)
-    assert figures['requests'] == 7
+    assert figures['requests'] == 8
+    assert figures['routes']['/unavailable']['errors'] == 1
+    assert figures['routes'][stats.NO_ROUTE]['errors'] == 0
     route = figures['routes']['call']
     assert route['requests'] == 5 and route['errors'] == 0
     assert route['queries'] == 3 and route['db_ms'] > 0
@@ -189,7 +198,7 @@ def test_counters_move_with_hits_misses_and_writes(sqlite_url, apps):
     # prometheus_client's own figures of the process come along.
     assert any(name.startswith('python_') for name, _ in metrics)
     # The operator's own views are not counted.
-    assert stats_of(app)['requests'] == 7
+    assert stats_of(app)['requests'] == 8
 
 
 def test_failovers_and_write_waits_are_counted(sqlite_url, apps):
