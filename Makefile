@@ -6,7 +6,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 DEMO_INI := examples/accommodation/development.ini
 
-.PHONY: demo test lint format docs buildout bench-cache bench-fastpath bench-rwsplit bench-memcached clean
+.PHONY: demo test lint format docs buildout bench-cache bench-fastpath bench-rwsplit bench-memcached bench-overhead clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -28,10 +28,12 @@ lint: $(VENV)/.testing
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
 
-# The tests start (and stop) memcached servers of their own: the binary
-# must be here, and .ci/memcached.sh installs it when it is not.
+# The tests start (and stop) memcached servers of their own, and load the
+# dashboard in headless Chromium: .ci/memcached.sh and .ci/chromium.sh
+# install them when they are not here.
 test: lint
 	bash .ci/memcached.sh
+	bash .ci/chromium.sh
 	$(BIN)/sphinx-build -q -W -b html docs docs/_build/html
 	$(BIN)/pytest --cov --cov-report=term-missing $(PYTEST_ARGS)
 
@@ -58,6 +60,9 @@ bench-rwsplit: $(VENV)/.testing
 
 bench-memcached: $(VENV)/.testing
 	$(BIN)/python benchmarks/bench_memcached.py
+
+bench-overhead: $(VENV)/.testing
+	$(BIN)/python benchmarks/bench_overhead.py
 
 clean:
 	rm -rf $(VENV) .coverage .pytest_cache .ruff_cache docs/_build

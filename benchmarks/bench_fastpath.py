@@ -70,9 +70,9 @@ def start_response(status, headers, exc_info=None):
         raise AssertionError(status)
 
 
-def per_request(app, calls):
+def per_request(app, calls, path=PATH, start_response=start_response):
     """Seconds per request, environ copy included (the same for all)."""
-    template = environ_for(PATH)
+    template = environ_for(path)
     start = time.perf_counter()
     for _ in range(calls):
         body = app(dict(template), start_response)

@@ -59,3 +59,10 @@ def test_bench_rwsplit():
 
 def test_bench_memcached():
     assert 'ours / raw get = ' in run('bench_memcached.py')
+
+
+def test_bench_overhead():
+    out = run('bench_overhead.py')
+    for name in ('server_timing', 'stats + server_timing', 'profiler on'):
+        assert name in out
+    assert 'tween adds' in out and 'profiler adds' in out

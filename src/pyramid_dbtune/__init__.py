@@ -40,7 +40,12 @@ class DBTune:
     ``router`` holds the writer and reader engines and the write slots
     (``None`` until a URL is set); ``cache`` holds the results; ``methods``
     maps each SQL method's name to ``(method, cache_time, cache_key,
-    invalidated_by)`` once registered, settings applied.
+    invalidated_by)`` once registered, settings applied. With
+    ``dbtune.stats`` or ``dbtune.profile`` on, ``stats``
+    (:class:`~pyramid_dbtune.stats.Stats`) and ``profiler``
+    (:class:`~pyramid_dbtune.profiler.Profiler`) hold their figures, and
+    ``active`` maps each thread running a request to its request; else
+    they are ``None``.
     """
 
     def __init__(self, settings):
@@ -48,6 +53,7 @@ class DBTune:
         self.router = Router(settings) if settings.url else None
         self.cache = make_cache(settings)
         self.methods = {}
+        self.stats = self.profiler = self.active = None
 
     def cache_time(self, method):
         """The seconds ``method``'s rows are kept, settings applied."""
@@ -169,7 +175,9 @@ def includeme(config):
     ``request.sql``, ``request.dbsession`` and ``request.dbtune``, and
     includes pyramid_tm. With
     ``dbtune.fast_paths`` set, answers those paths before Pyramid builds a
-    request (:mod:`pyramid_dbtune.fastpath`).
+    request (:mod:`pyramid_dbtune.fastpath`); with ``dbtune.server_timing``,
+    ``dbtune.stats`` or ``dbtune.profile``, adds the timing tween and the
+    ``/_dbtune/`` views (:mod:`pyramid_dbtune.dashboard`).
     """
     parsed = _settings.parse(config.get_settings())
     config.include('pyramid_tm')
@@ -181,6 +189,10 @@ def includeme(config):
     config.add_request_method(dbsession, 'dbsession', reify=True)
     if parsed.fast_paths:
         fastpath.install(config, parsed.fast_paths)
+    if parsed.server_timing or parsed.stats or parsed.profile:
+        from . import dashboard
+
+        dashboard.install(config, runtime)
     # After every other action: overrides may only name registered methods,
     # and a permission needs the security policy the app sets up.
     config.action(None, _check_overrides, args=(runtime,), order=10)

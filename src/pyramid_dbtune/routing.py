@@ -124,6 +124,8 @@ class Reader:
         self.engine = engine
         self.name = engine.url.render_as_string(hide_password=True)
         self.in_flight = 0
+        #: Reads sent to this reader.
+        self.reads = 0
         self.down_until = 0.0
         self.backoff = 0.0
 
@@ -134,6 +136,10 @@ class Router:
     ``failovers`` counts the reads that went to the writer because their
     reader was down; ``write_waits`` and ``write_wait_seconds`` count the
     writes that had to wait for a slot, and how long they waited.
+    ``writer_reads`` counts the reads run on the writer outside a write
+    transaction, ``write_transactions`` the transactions that took a
+    write slot, and ``writes`` the writing SQL method calls (each
+    reader counts its ``reads``).
     """
 
     def __init__(self, settings):
@@ -161,6 +167,9 @@ class Router:
             self.dialect, (None, None)
         )
         self.failovers = 0
+        self.writer_reads = 0
+        self.write_transactions = 0
+        self.writes = 0
         self.write_waits = 0
         self.write_wait_seconds = 0.0
         self._recent = {}
@@ -201,6 +210,7 @@ class Router:
             turn = next(self._turn) % len(up)
             reader = min(up[turn:] + up[:turn], key=lambda r: r.in_flight)
             reader.in_flight += count
+            reader.reads += count
             return reader
 
     def read(self, statement, params, max_rows, tables=(), writer=False):
@@ -240,6 +250,7 @@ class Router:
 
     def _read_on(self, engine, statement, params, max_rows):
         """A read on the writer, made read-only for the read alone."""
+        self.writer_reads += 1
         with engine.connect() as connection:
             if self.dialect == 'postgresql':
                 connection.execution_options(postgresql_readonly=True)
@@ -413,6 +424,7 @@ class UnitOfWork:
                 ) from None
             self.write_wait += self.router.acquire_write_slot()
             self.dirty = True  # and the slot is held until the end
+            self.router.write_transactions += 1
             txn.set_data(self.router, self)
             txn.addAfterCommitHook(self._after_commit)
             txn.addAfterAbortHook(self._finish)
@@ -445,6 +457,7 @@ class UnitOfWork:
         """Run a SQL method's statement in the transaction's session."""
         if method.writes:
             self.begin_write(method.tables, f'SQL method {method.name}()')
+            self.router.writes += 1
         session = self.session
         result = session.execute(
             statement, params, execution_options={'dbtune_routed': True}
@@ -506,7 +519,9 @@ class RequestContext:
     ``cache`` counts this request's SQL method calls by cache outcome
     (``hit``, ``miss``, ``stale``, ``waited``, ``uncached``); ``queries``
     and ``db_seconds`` count the statements it ran and the time they took;
-    ``unit.write_wait`` is the time it waited for a write slot.
+    ``write_seconds`` is the part of ``db_seconds`` spent on the writer in
+    the request's transaction; ``unit.write_wait`` is the time it waited
+    for a write slot.
     """
 
     def __init__(self, request):
@@ -521,6 +536,7 @@ class RequestContext:
         self.cache = dict.fromkeys((HIT, MISS, STALE, WAITED, 'uncached'), 0)
         self.queries = 0
         self.db_seconds = 0.0
+        self.write_seconds = 0.0
 
     def read(self, method, params):
         """Run a read on a reader (a cache fill, or uncached)."""
@@ -554,8 +570,10 @@ class RequestContext:
         try:
             return self.unit.execute(method, statement, params)
         finally:
+            elapsed = perf_counter() - start
             self.queries += 1
-            self.db_seconds += perf_counter() - start
+            self.db_seconds += elapsed
+            self.write_seconds += elapsed
 
 
 def _freeze(value):

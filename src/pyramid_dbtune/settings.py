@@ -116,6 +116,17 @@ def as_name(value):
     return text
 
 
+def per_second(value):
+    """A whole number of times a second, from 1 to 1000."""
+    try:
+        number = int(str(value).strip())
+    except ValueError:
+        number = 0
+    if isinstance(value, bool) or not 1 <= number <= 1000:
+        raise Invalid('a whole number of samples a second, from 1 to 1000')
+    return number
+
+
 def one_of(*choices):
     def convert(value):
         text = str(value).strip().lower()
@@ -210,6 +221,10 @@ TABLE = (
     Setting('cache.max_bytes', as_bytes, 64 * 1024 * 1024),
     Setting('cache.default_time', as_seconds, 0),
     Setting('fast_paths', as_fast_paths, None),
+    Setting('server_timing', as_bool, False),
+    Setting('stats', as_bool, False),
+    Setting('profile', as_bool, False),
+    Setting('profile.sample', per_second, 100),
     Setting('stats.token', as_secret, None),
     Setting('stats.permission', as_name, None),
 )
@@ -250,6 +265,13 @@ class Settings:
     cache_default_time: float = 0
     #: ``dbtune.fast_paths``: path to body (bytes) or callable.
     fast_paths: MappingProxyType | None = None
+    #: Add a ``Server-Timing`` header to every response (:doc:`stats`).
+    server_timing: bool = False
+    #: Count requests, cache and database use; ``/_dbtune/stats``.
+    stats: bool = False
+    #: The sampling profiler, and how many samples it takes a second.
+    profile: bool = False
+    profile_sample: int = 100
     #: Lets a request into the ``/_dbtune/`` views (:mod:`.access`).
     stats_token: str | None = field(default=None, repr=False)
     stats_permission: str | None = None

@@ -1,0 +1,206 @@
+"""What the timing tween and the profiler cost per request.
+
+Side by side in one run, in process (no server), microseconds per request:
+
+1. The timing tween alone, around a handler that answers at once (a
+   Pyramid request and response, no view), with ``dbtune.server_timing``,
+   with ``dbtune.stats``, and with both, against the handler called
+   directly. Target: the tween adds at most 2 us.
+2. The same four through the whole app, a view that answers ``OK``: the
+   difference is the same, within the noise of a bigger figure.
+3. A view that does about a millisecond of work (a cached SQL method hit,
+   a loop in Python, a JSON answer), with the profiler off and on at its
+   default rate (``dbtune.profile.sample = 100`` a second), and, for
+   comparison, under cProfile for every request, as a 1-in-N cProfile
+   profiler would profile the requests it picks. Target: the profiler
+   adds at most 5%.
+
+Each figure is the best of several rounds, the variants run in turn in
+each round, so that other load on the machine spoils all of them alike.
+
+    .venv/bin/python benchmarks/bench_overhead.py [--quick]
+"""
+
+import argparse
+import cProfile
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import sqlalchemy as sa
+from pyramid.config import Configurator
+from pyramid.request import Request
+from pyramid.response import Response
+
+import bench_fastpath
+from pyramid_dbtune.tweens import timing_tween_factory
+
+TOKEN = 'a-benchmark-token-of-some-length'
+TWEEN = {
+    'off': {},
+    'server_timing': {'dbtune.server_timing': 'true'},
+    'stats': {'dbtune.stats': 'true'},
+    'stats + server_timing': {
+        'dbtune.stats': 'true',
+        'dbtune.server_timing': 'true',
+    },
+}
+PROFILE = {
+    'profiler off': {},
+    'profiler on (100/s)': {'dbtune.profile': 'true'},
+}
+#: Loop turns that take about a millisecond on the development machine.
+WORK = 20000
+
+
+def ok_view(request):
+    return Response('OK')
+
+
+def work_view(request):
+    rows = request.sql.search(area='Headingley')
+    total = 0
+    for i in range(WORK):
+        total += i * i % 7
+    return {'rows': [list(r) for r in rows], 'total': total}
+
+
+def make(url, settings):
+    settings = {'dbtune.url': url, 'dbtune.stats.token': TOKEN, **settings}
+    with Configurator(settings=settings) as config:
+        config.include('pyramid_dbtune')
+        config.add_sql_method(
+            'search',
+            'SELECT id, rent FROM property WHERE area = :area',
+            cache_time=3600,
+        )
+        config.add_route('ok', '/ok')
+        config.add_view(ok_view, route_name='ok')
+        config.add_route('work', '/work')
+        config.add_view(work_view, route_name='work', renderer='json')
+        return config.make_wsgi_app()
+
+
+def per_request(app, path, calls):
+    statuses = []
+
+    def start_response(status, headers, exc_info=None):
+        statuses.append(status)
+
+    seconds = bench_fastpath.per_request(app, calls, path, start_response)
+    assert set(statuses) == {'200 OK'}, set(statuses)
+    return seconds
+
+
+def side_by_side(apps, path, calls, rounds):
+    best = dict.fromkeys(apps, float('inf'))
+    for _ in range(rounds):
+        for name, app in apps.items():
+            best[name] = min(best[name], per_request(app, path, calls))
+    return best
+
+
+def tween_alone(apps, calls, rounds):
+    """Seconds per call of each app's timing tween around a handler that
+    returns a new response; ``off``: the handler alone."""
+
+    def handler(request):
+        return Response()
+
+    timed = {}
+    for name, app in apps.items():
+        request = Request.blank('/ok')
+        request.registry = app.registry
+        request.matched_route = app.routes_mapper.get_route('ok')
+        tween = timing_tween_factory(handler, app.registry)
+        timed[name] = (tween if name != 'off' else handler, request)
+    best = dict.fromkeys(apps, float('inf'))
+    for _ in range(rounds):
+        for name, (function, request) in timed.items():
+            start = time.perf_counter()
+            for _ in range(calls):
+                function(request)
+            seconds = (time.perf_counter() - start) / calls
+            best[name] = min(best[name], seconds)
+    return best
+
+
+def under_cprofile(app, path, calls):
+    """Seconds per request with a cProfile of each request of its own."""
+
+    def profiled(environ, start_response):
+        profile = cProfile.Profile()
+        profile.enable()
+        try:
+            return list(app(environ, start_response))
+        finally:
+            profile.disable()
+
+    return per_request(profiled, path, calls)
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__.split('\n')[0])
+    parser.add_argument('--quick', action='store_true',
+                        help='a few rounds only (for the tests)')  # fmt: skip
+    args = parser.parse_args(argv)
+    ok_calls, ok_rounds = (500, 3) if args.quick else (2000, 40)
+    work_calls, work_rounds = (20, 2) if args.quick else (1000, 9)
+
+    with tempfile.TemporaryDirectory() as tmp:
+        url = f'sqlite:///{Path(tmp) / "bench.sqlite"}'
+        engine = sa.create_engine(url)
+        with engine.begin() as connection:
+            connection.exec_driver_sql(
+                'CREATE TABLE property (id INTEGER PRIMARY KEY, '
+                'area TEXT, rent INTEGER)'
+            )
+            connection.exec_driver_sql(
+                "INSERT INTO property VALUES (1, 'Headingley', 90), "
+                "(2, 'Headingley', 120)"
+            )
+        engine.dispose()
+
+        apps = {name: make(url, s) for name, s in TWEEN.items()}
+        alone = tween_alone(apps, ok_calls * 5, ok_rounds)
+        tween = side_by_side(apps, '/ok', ok_calls, ok_rounds)
+        apps = {name: make(url, s) for name, s in PROFILE.items()}
+        profile = side_by_side(apps, '/work', work_calls, work_rounds)
+        profile['cProfile, every request'] = min(
+            under_cprofile(apps['profiler off'], '/work', work_calls)
+            for _ in range(max(1, work_rounds // 3))
+        )
+        samples = apps['profiler on (100/s)'].registry.dbtune.profiler.samples
+
+    for title, figures in (
+        ('The timing tween alone (off: the handler alone)', alone),
+        ('The whole app, a view that answers OK', tween),
+    ):
+        base = figures['off']
+        print(title)
+        print(f'{"what":40} {"us/request":>11} {"added us":>9}')
+        for name, seconds in figures.items():
+            added = (seconds - base) * 1e6
+            print(f'{name:40} {seconds * 1e6:11.2f} {added:9.2f}')
+        print()
+    added = (alone['stats + server_timing'] - alone['off']) * 1e6
+    verdict = 'met' if added <= 2 else 'NOT met'
+    print(f'tween adds {added:.2f} us, all on (target <= 2 us: {verdict})')
+
+    base = profile['profiler off']
+    print('\nThe profiler, on a view that works about 1 ms')
+    print(f'{"what":40} {"us/request":>11} {"x off":>9}')
+    for name, seconds in profile.items():
+        print(f'{name:40} {seconds * 1e6:11.2f} {seconds / base:9.3f}')
+    added = (profile['profiler on (100/s)'] / base - 1) * 100
+    verdict = 'met' if added <= 5 else 'NOT met'
+    print(
+        f'\nprofiler adds {added:.1f}% at its default rate, {samples} '
+        f'samples taken (target <= 5%: {verdict})'
+    )
+    return 0
+
+
+if __name__ == '__main__':
+    sys.exit(main())

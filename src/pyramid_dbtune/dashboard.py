@@ -1,0 +1,196 @@
+"""The operator's views: ``/_dbtune/`` (a dashboard), ``stats``,
+``metrics`` and the profile's, each behind :mod:`.access`.
+
+Installed by :func:`install` only for the features that are on.
+"""
+
+import json
+import os
+from importlib.resources import files
+
+from pyramid.exceptions import ConfigurationError
+from pyramid.response import Response
+from pyramid.tweens import INGRESS
+
+from . import access
+from .profiler import Profiler
+from .stats import Collector, Stats
+
+#: The dashboard's page: one file, its script and styles inline, so that
+#: it works with no network beyond this server.
+PAGE = files(__package__).joinpath('templates/dashboard.html')
+#: Where the page takes the figures of its first paint.
+DATA_MARK = '/*DBTUNE_DATA*/null'
+
+
+def install(config, runtime):
+    """Set up the timing tween and the views of the features that are on
+    (``dbtune.server_timing``, ``dbtune.stats``, ``dbtune.profile``)."""
+    settings = runtime.settings
+    for feature in ('stats', 'profile'):
+        if getattr(settings, feature):
+            access.check(settings, feature)
+    runtime.active = {}
+    if settings.stats:
+        runtime.stats = Stats(
+            runtime,
+            runtime.active,
+            os.environ.get('PROMETHEUS_MULTIPROC_DIR') or None,
+        )
+        add_stats_views(config, runtime.stats)
+    if settings.profile:
+        runtime.profiler = Profiler(runtime.active, settings.profile_sample)
+        add_profile_views(config, runtime.profiler)
+    if settings.stats or settings.profile:
+        access.add_view(config, 'dashboard', '', dashboard_view)
+    config.add_tween(
+        'pyramid_dbtune.tweens.timing_tween_factory', under=INGRESS
+    )
+
+
+def dashboard_view(request):
+    """The dashboard: the stats, a chart of latency and cache hit ratio,
+    and the profile's top functions."""
+    runtime = request.registry.dbtune
+    data = {
+        'stats': None if runtime.stats is None else runtime.stats.snapshot(),
+        'profile': (
+            None if runtime.profiler is None else profile_data(request)
+        ),
+    }
+    # In a <script> element, "</" could end it early.
+    text = json.dumps(data).replace('</', '<\\/')
+    page = PAGE.read_text(encoding='utf-8').replace(DATA_MARK, text)
+    return Response(page, content_type='text/html', charset='utf-8')
+
+
+# Stats
+
+
+def add_stats_views(config, stats):
+    try:
+        from prometheus_client import CollectorRegistry
+    except ImportError:
+        raise ConfigurationError(
+            'dbtune.stats = true needs prometheus_client for '
+            '/_dbtune/metrics: install pyramid_dbtune[stats]'
+        ) from None
+    registry = CollectorRegistry(auto_describe=False)
+    registry.register(Collector(stats))
+    if stats.multiprocess_dir is not None:
+        from prometheus_client import multiprocess
+
+        multiprocess.MultiProcessCollector(
+            registry, path=stats.multiprocess_dir
+        )
+    access.add_view(
+        config, 'stats', 'stats', lambda request: stats.snapshot(),
+        renderer='json',
+    )  # fmt: skip
+    access.add_view(
+        config, 'metrics', 'metrics', lambda request: metrics(registry, stats)
+    )
+
+
+def metrics(registry, stats):
+    """The Prometheus text of this process (with ``PROMETHEUS_MULTIPROC_DIR``:
+    of every process), and prometheus_client's own figures."""
+    from prometheus_client import REGISTRY, generate_latest
+    from prometheus_client.exposition import CONTENT_TYPE_LATEST
+
+    body = generate_latest(registry)
+    if stats.multiprocess_dir is None:
+        # The process's CPU, memory and Python figures, and the app's own
+        # metrics, if it has any.
+        body += generate_latest(REGISTRY)
+    response = Response(body)
+    response.headers['Content-Type'] = CONTENT_TYPE_LATEST
+    return response
+
+
+# The profile
+
+
+def add_profile_views(config, profiler):
+    add = access.add_view
+    add(config, 'profile', 'profile', profile_data, renderer='json')
+    add(config, 'profile.prof', 'profile.prof', profile_prof)
+    add(config, 'profile.folded', 'profile.folded', profile_folded)
+    add(config, 'profile.reset', 'profile/reset', profile_reset,
+        renderer='json', request_method='POST')  # fmt: skip
+
+
+def _route(request):
+    """The ``route`` query parameter (``None``: all routes); a route
+    with no samples is a 404 with the names of those that have some."""
+    from pyramid.httpexceptions import HTTPNotFound
+
+    profiler = request.registry.dbtune.profiler
+    route = request.GET.get('route') or None
+    if route is not None and route not in profiler.routes():
+        known = ', '.join(profiler.routes()) or 'none yet'
+        raise HTTPNotFound(f'no samples of route {route!r} (sampled: {known})')
+    return profiler, route
+
+
+def _limit(request):
+    from pyramid.httpexceptions import HTTPBadRequest
+
+    text = request.GET.get('limit', '20')
+    if not (text.isdigit() and 0 < int(text) <= 1000):
+        raise HTTPBadRequest('limit: a whole number from 1 to 1000')
+    return int(text)
+
+
+def profile_data(request):
+    """Per route (``?route=`` one of them), the top functions by own and
+    by cumulative time (``?limit=``, 20)."""
+    profiler, route = _route(request)
+    limit = _limit(request)
+    routes = profiler.routes()
+    names = [route] if route is not None else list(routes)
+    return {
+        'rate': round(1 / profiler.interval),
+        'samples': profiler.samples,
+        'routes': {
+            name: {
+                'samples': routes[name][0],
+                'seconds': round(routes[name][1], 6),
+                **profiler.top(name, limit),
+            }
+            for name in names
+        },
+    }
+
+
+def _download(request, body, suffix, content_type):
+    _, route = _route(request)
+    name = 'dbtune-profile' + ('' if route is None else f'-{route}')
+    data = body(route)
+    if isinstance(data, str):
+        data = data.encode('utf-8')
+    response = Response(data, content_type=content_type)
+    response.content_disposition = f'attachment; filename="{name}{suffix}"'
+    return response
+
+
+def profile_prof(request):
+    """The profile as a ``.prof`` file (``pstats``, snakeviz)."""
+    profiler = request.registry.dbtune.profiler
+    return _download(
+        request, profiler.pstats_data, '.prof', 'application/octet-stream'
+    )
+
+
+def profile_folded(request):
+    """The profile as collapsed stacks, for flame graphs."""
+    profiler = request.registry.dbtune.profiler
+    response = _download(request, profiler.collapsed, '.folded', 'text/plain')
+    response.charset = 'utf-8'
+    return response
+
+
+def profile_reset(request):
+    """Forget the samples (POST)."""
+    request.registry.dbtune.profiler.reset()
+    return {'reset': True}

@@ -1,0 +1,593 @@
+"""Per-process figures, cheap enough to leave on: ``dbtune.stats = true``.
+
+The timing tween (:mod:`.tweens`) hands each finished request to
+:meth:`Stats.record`; everything else (the cache's and the router's
+counters, the pools, the process's CPU time) is read when somebody asks,
+from ``/_dbtune/stats`` (JSON) or ``/_dbtune/metrics`` (Prometheus text).
+
+The parallelism figures answer "am I threading?":
+
+``in_flight``
+    requests running now, and the most seen at once (``peak_in_flight``).
+``cpu_ratio``
+    CPU time the process used over the wall time that passed. Above 1.0
+    only when more than one core worked at once (the GIL lets one thread
+    run Python at a time; C code that releases it, such as a database
+    driver waiting for its answer, does not hold it).
+``runnable_ratio``
+    an estimate of the share of request time spent ready to run but not
+    running: waiting for the GIL, or for a core. Measured on one request
+    in :data:`CPU_EVERY` (reading a thread's CPU clock costs about a
+    microsecond) as its wall time, less its thread's CPU time, less the
+    time it was known to wait (database calls, write slot), never below
+    0. Anything else a request waits for (reading its body, files, calls
+    to other services, sleeps) counts here too, and a database call's own
+    CPU time is taken off twice, so read it as a hint, not a measure.
+"""
+
+import contextlib
+import itertools
+import json
+import logging
+import os
+import threading
+import time
+from bisect import bisect_left
+from collections import deque
+from time import monotonic, perf_counter, process_time, thread_time
+
+from . import forks
+
+log = logging.getLogger(__name__)
+
+#: Upper bounds of the latency histogram, in seconds (Prometheus ``le``).
+BUCKETS = (
+    0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05,
+    0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, float('inf'),
+)  # fmt: skip
+#: One request in this many has its thread's CPU time measured.
+CPU_EVERY = 16
+#: Seconds a point of the dashboard's chart covers, and how many are kept.
+TICK = 2.0
+HISTORY = 300
+#: Latencies kept per route and thread for its percentiles, and for a
+#: point of the chart (the last of its interval).
+RECENT = 1000
+#: Requests that match no route are counted under this name.
+NO_ROUTE = '(no route)'
+#: The cache's counters, as the backends name them.
+CACHE_COUNTERS = (
+    'hits', 'misses', 'stale', 'waited', 'evictions', 'invalidations',
+    'errors', 'rejected', 'too_big', 'discarded', 'unencodable',
+)  # fmt: skip
+
+
+class Route:
+    """What one route's requests took."""
+
+    __slots__ = (
+        'requests', 'errors', 'seconds', 'queries', 'db_seconds',
+        'buckets', 'recent',
+    )  # fmt: skip
+
+    def __init__(self):
+        self.requests = self.errors = self.queries = 0
+        self.seconds = self.db_seconds = 0.0
+        self.buckets = [0] * len(BUCKETS)
+        self.recent = deque(maxlen=RECENT)
+
+
+class Figures:
+    """One thread's figures: only that thread writes them, so they need no
+    lock; :meth:`Stats.snapshot` adds up every thread's."""
+
+    __slots__ = ('routes', 'measured', 'wall', 'cpu', 'runnable')
+
+    def __init__(self):
+        #: route name -> :class:`Route` (``None``: not counted)
+        self.routes = {}
+        self.measured = 0
+        self.wall = self.cpu = self.runnable = 0.0
+
+
+def percentile(ordered, fraction):
+    """The value below which ``fraction`` of ``ordered`` lies (nearest
+    rank); 0 for no values."""
+    if not ordered:
+        return 0.0
+    return ordered[min(len(ordered) - 1, int(fraction * len(ordered)))]
+
+
+def route_name(request):
+    """The name of the route ``request`` matched, or :data:`NO_ROUTE`."""
+    route = getattr(request, 'matched_route', None)
+    return NO_ROUTE if route is None else route.name
+
+
+class Stats:
+    """The figures of one process; ``registry.dbtune.stats``.
+
+    ``active`` maps each thread running a request to its request; the
+    profiler reads it too. Each thread counts its requests in
+    :class:`Figures` of its own, without a lock.
+    """
+
+    def __init__(self, runtime, active, multiprocess_dir=None):
+        self.runtime = runtime
+        self.active = active
+        self.multiprocess_dir = multiprocess_dir
+        self.pid = os.getpid()
+        self._lock = threading.Lock()
+        self._flusher = None
+        self.reset()
+        forks.renew_after_fork(self)
+
+    def after_fork(self):
+        """In a forked child: a new lock, and figures of its own."""
+        self._lock = threading.Lock()
+        self.pid = os.getpid()
+        self.reset()
+
+    def reset(self):
+        """Start every figure again from 0."""
+        with self._lock:
+            #: thread id -> :class:`Figures`
+            self.threads = {}
+            self.peak_in_flight = 0
+            self.started = (time.time(), perf_counter(), process_time())
+            self.history = deque(maxlen=HISTORY)
+            self._window = deque(maxlen=RECENT)
+            # The first request ticks: it writes this process's file, and
+            # the chart's first point starts there.
+            self._last_tick = None
+            self.next_tick = 0.0
+
+    # On the request path
+
+    def record(self, ident, request, seconds, error, cpu_start=None):
+        """Count a finished request of thread ``ident`` that took
+        ``seconds``.
+
+        ``cpu_start`` is the thread's CPU clock at its start, when this
+        request was picked to have it measured.
+        """
+        mine = self.threads.get(ident)
+        if mine is None:
+            mine = self.threads[ident] = Figures()
+        matched = getattr(request, 'matched_route', None)
+        name = NO_ROUTE if matched is None else matched.name
+        try:
+            route = mine.routes[name]
+        except KeyError:
+            # The operator's own views are not the site's traffic.
+            route = None if name.startswith('dbtune.') else Route()
+            mine.routes[name] = route
+        if route is None:
+            return
+        route.requests += 1
+        route.seconds += seconds
+        route.errors += error
+        route.buckets[bisect_left(BUCKETS, seconds)] += 1
+        route.recent.append(seconds)
+        self._window.append(seconds)
+        context = request.__dict__.get('dbtune')
+        if context is not None:
+            route.queries += context.queries
+            route.db_seconds += context.db_seconds
+        if cpu_start is not None:
+            cpu = thread_time() - cpu_start
+            waited = 0.0
+            if context is not None:
+                waited = context.db_seconds + context.unit.write_wait
+            mine.measured += 1
+            mine.wall += seconds
+            mine.cpu += cpu
+            mine.runnable += max(0.0, seconds - cpu - waited)
+
+    def tick(self, now):
+        """Close the chart's current point (at most once a :data:`TICK`)."""
+        if not self._lock.acquire(blocking=False):
+            return
+        try:
+            if now < self.next_tick:
+                return
+            last = self._last_tick
+            if last is not None:
+                window, self._window = self._window, deque(maxlen=RECENT)
+            cpu, cache = process_time(), self._cache()
+            self._last_tick = (now, cpu, cache)
+            self.next_tick = now + TICK
+        finally:
+            self._lock.release()
+        self._flush()
+        if last is None:
+            return
+        then, then_cpu, then_cache = last
+        ordered = sorted(window)
+        hits = cache['hits'] - then_cache['hits']
+        looked = hits + cache['misses'] - then_cache['misses']
+        self.history.append(
+            {
+                'time': round(time.time(), 3),
+                'requests': len(ordered),
+                'p50_ms': round(percentile(ordered, 0.5) * 1000, 3),
+                'p95_ms': round(percentile(ordered, 0.95) * 1000, 3),
+                'hit_ratio': round(hits / looked, 4) if looked else None,
+                'cpu_ratio': round((cpu - then_cpu) / (now - then), 4),
+            }
+        )
+
+    # Read when asked
+
+    def _cache(self):
+        cache = self.runtime.cache
+        return {
+            name: getattr(cache, name)
+            for name in CACHE_COUNTERS
+            if hasattr(cache, name)
+        } or {'hits': 0, 'misses': 0}
+
+    def _database(self):
+        router = self.runtime.router
+        if router is None:
+            return {}
+        roles = {
+            'writer': {
+                'url': router.key,
+                'reads': router.writer_reads,
+                'writes': router.writes,
+                **_pool(router.writer.pool),
+            }
+        }
+        for i, reader in enumerate(router.readers):
+            roles[f'reader{i}'] = {
+                'url': reader.name,
+                'reads': reader.reads,
+                'in_flight': reader.in_flight,
+                'down': reader.down_until > monotonic(),
+                **_pool(reader.engine.pool),
+            }
+        return {
+            'roles': roles,
+            'write_transactions': router.write_transactions,
+            'failovers': router.failovers,
+            'write_waits': router.write_waits,
+            'write_wait_seconds': router.write_wait_seconds,
+        }
+
+    def in_flight(self):
+        """Requests running now, but the operator's views."""
+        return sum(
+            not route_name(request).startswith('dbtune.')
+            for request in list(self.active.values())
+        )
+
+    def _figures(self):
+        return list(self.threads.values())
+
+    def _routes(self):
+        """Every thread's figures of each route, added up."""
+        total = {}
+        for figures in self._figures():
+            for name, route in list(figures.routes.items()):
+                if route is None:
+                    continue
+                into = total.get(name)
+                if into is None:
+                    into = total[name] = Route()
+                    into.recent = []
+                into.requests += route.requests
+                into.errors += route.errors
+                into.seconds += route.seconds
+                into.queries += route.queries
+                into.db_seconds += route.db_seconds
+                into.buckets = [
+                    a + b
+                    for a, b in zip(into.buckets, route.buckets, strict=True)
+                ]
+                into.recent.extend(route.recent)
+        return total
+
+    def _cpu(self):
+        """The measured requests: how many, wall, CPU, runnable."""
+        figures = self._figures()
+        return (
+            sum(f.measured for f in figures),
+            sum(f.wall for f in figures),
+            sum(f.cpu for f in figures),
+            sum(f.runnable for f in figures),
+        )
+
+    def snapshot(self):
+        """Everything, as plain data (the ``/_dbtune/stats`` answer)."""
+        now = perf_counter()
+        self.tick(now)
+        started, since, cpu_start = self.started
+        wall = now - since
+        routes = self._routes()
+        measured, cpu_wall, cpu_seconds, runnable = self._cpu()
+        recent = [p['cpu_ratio'] for p in list(self.history)[-15:]]
+        cache = self._cache()
+        looked = cache['hits'] + cache['misses']
+        return {
+            'pid': self.pid,
+            'started': started,
+            'uptime': round(wall, 3),
+            'requests': sum(r.requests for r in routes.values()),
+            'parallelism': {
+                'in_flight': self.in_flight(),
+                'peak_in_flight': self.peak_in_flight,
+                'threads': threading.active_count(),
+                'cpu_ratio': round((process_time() - cpu_start) / wall, 4),
+                'recent_cpu_ratio': (
+                    round(sum(recent) / len(recent), 4) if recent else None
+                ),
+                'measured_requests': measured,
+                'request_cpu_ratio': _ratio(cpu_seconds, cpu_wall),
+                'runnable_ratio': _ratio(runnable, cpu_wall),
+            },
+            'routes': {
+                name: _route_figures(route)
+                for name, route in sorted(routes.items())
+            },
+            'cache': {
+                'backend': self.runtime.settings.cache_backend,
+                'hit_ratio': _ratio(cache['hits'], looked),
+                **cache,
+                **_cache_size(self.runtime.cache),
+            },
+            'database': self._database(),
+            'history': list(self.history),
+        }
+
+    # Prometheus
+
+    def metrics(self):
+        """The figures as metric families: ``{name: (type, help, samples)}``
+        where a sample is ``(labels, value)``, and a histogram's value is
+        ``(bucket counts, sum)``. Plain data, so that processes can share
+        it in files and it can be summed."""
+        cache = self._cache()
+        routes = [
+            (name, r.requests, r.errors, r.buckets, r.seconds)
+            for name, r in self._routes().items()
+        ]
+        cpu = self._cpu()[1:]
+        families = {
+            'dbtune_requests': ('counter', 'Requests, by route', [
+                ({'route': n}, count) for n, count, *_ in routes
+            ]),
+            'dbtune_request_errors': (
+                'counter', 'Requests answered 5xx or failed, by route',
+                [({'route': n}, errors) for n, _, errors, *_ in routes],
+            ),
+            'dbtune_request_duration_seconds': (
+                'histogram', 'Time in the app, by route', [
+                    ({'route': n}, (buckets, seconds))
+                    for n, _, _, buckets, seconds in routes
+                ],
+            ),
+            'dbtune_requests_in_flight': (
+                'gauge', 'Requests running now', [({}, self.in_flight())]
+            ),
+            'dbtune_process_cpu_seconds': (
+                'counter', 'CPU time of the process',
+                [({}, process_time())],
+            ),
+            'dbtune_measured_request_seconds': (
+                'counter', 'Wall, CPU and runnable-not-running (estimate) '
+                f'time of 1 request in {CPU_EVERY}',
+                [({'kind': kind}, value) for kind, value in
+                 zip(('wall', 'cpu', 'runnable'), cpu, strict=True)],
+            ),
+            'dbtune_cache_events': (
+                'counter', 'Cache outcomes and events',
+                [({'event': k}, v) for k, v in cache.items()],
+            ),
+        }  # fmt: skip
+        database = self._database()
+        if database:
+            roles = database['roles']
+            families.update(
+                {
+                    'dbtune_db_reads': ('counter', 'Reads, by role', [
+                        ({'role': role}, r['reads'])
+                        for role, r in roles.items()
+                    ]),
+                    'dbtune_db_writes': ('counter', 'Writing SQL method '
+                                         'calls', [({}, roles['writer']
+                                                    ['writes'])]),
+                    'dbtune_db_write_transactions': (
+                        'counter', 'Transactions that took a write slot',
+                        [({}, database['write_transactions'])],
+                    ),
+                    'dbtune_db_failovers': (
+                        'counter', 'Reads sent to the writer, their reader '
+                        'down', [({}, database['failovers'])],
+                    ),
+                    'dbtune_write_slot_waits': (
+                        'counter', 'Writes that waited for a slot',
+                        [({}, database['write_waits'])],
+                    ),
+                    'dbtune_write_slot_wait_seconds': (
+                        'counter', 'Time writes waited for a slot',
+                        [({}, database['write_wait_seconds'])],
+                    ),
+                    'dbtune_pool_connections': (
+                        'gauge', 'Pooled connections, by role and state', [
+                            ({'role': role, 'state': state}, r[state])
+                            for role, r in roles.items()
+                            for state in ('in_use', 'idle')
+                            if state in r
+                        ],
+                    ),
+                }
+            )  # fmt: skip
+        return families
+
+    # Several processes (gunicorn): one file each, summed when scraped
+
+    def _flush(self):
+        """With ``PROMETHEUS_MULTIPROC_DIR``: write this process's metrics
+        to its file now, and from now on once a second while it lives."""
+        if self.multiprocess_dir is None:
+            return
+        write_metrics(self.multiprocess_dir, os.getpid(), self.metrics())
+        if self._flusher != os.getpid():
+            self._flusher = os.getpid()
+            threading.Thread(
+                target=self._flush_every_second,
+                args=(self._flusher,),
+                name='dbtune-stats-flush',
+                daemon=True,
+            ).start()
+
+    def _flush_every_second(self, pid):
+        while True:
+            time.sleep(1.0)
+            if os.getpid() != pid:  # pragma: no cover (a forked child)
+                return
+            try:
+                write_metrics(self.multiprocess_dir, pid, self.metrics())
+            except OSError as exc:
+                log.warning('stats: stopped writing to %s: %s',
+                            self.multiprocess_dir, exc)  # fmt: skip
+                return
+
+
+def _route_figures(route):
+    recent = sorted(route.recent)
+    return {
+        'requests': route.requests,
+        'errors': route.errors,
+        'mean_ms': round(route.seconds / route.requests * 1000, 3),
+        'p50_ms': round(percentile(recent, 0.5) * 1000, 3),
+        'p90_ms': round(percentile(recent, 0.9) * 1000, 3),
+        'p99_ms': round(percentile(recent, 0.99) * 1000, 3),
+        'max_ms': round(recent[-1] * 1000, 3),
+        'queries': route.queries,
+        'db_ms': round(route.db_seconds * 1000, 3),
+    }
+
+
+def _ratio(part, whole):
+    return round(part / whole, 4) if whole else None
+
+
+def _pool(pool):
+    """How busy a SQLAlchemy pool is, when its class says (QueuePool)."""
+    if not hasattr(pool, 'checkedout'):
+        return {}
+    return {
+        'pool_size': pool.size(),
+        'in_use': pool.checkedout(),
+        'idle': pool.checkedin(),
+        'overflow': max(0, pool.overflow()),
+    }
+
+
+def _cache_size(cache):
+    if not hasattr(cache, 'bytes'):
+        return {}
+    return {'entries': len(cache), 'bytes': cache.bytes}
+
+
+FILE_PREFIX = 'dbtune_'
+
+
+def write_metrics(directory, pid, families):
+    """Write one process's metric families to ``directory``, atomically."""
+    path = os.path.join(directory, f'{FILE_PREFIX}{pid}.json')
+    temporary = f'{path}.{threading.get_ident()}.tmp'
+    with open(temporary, 'w') as file:
+        json.dump({'pid': pid, 'families': families}, file)
+    os.replace(temporary, path)
+
+
+def _alive(pid):
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # pragma: no cover (another user's process)
+        return True
+    return True
+
+
+def read_metrics(directory):
+    """The metric families of every process that wrote to ``directory``,
+    summed: counters and histograms of processes that ended still count
+    (a counter never goes down), gauges only of the living."""
+    total = {}
+    for entry in sorted(os.listdir(directory)):
+        if not (entry.startswith(FILE_PREFIX) and entry.endswith('.json')):
+            continue
+        with contextlib.suppress(OSError, ValueError):
+            with open(os.path.join(directory, entry)) as file:
+                data = json.load(file)
+            alive = _alive(data['pid'])
+            for name, (kind, text, samples) in data['families'].items():
+                if kind == 'gauge' and not alive:
+                    continue
+                sums = total.setdefault(name, (kind, text, {}))[2]
+                for labels, value in samples:
+                    key = tuple(sorted(labels.items()))
+                    sums[key] = _add(sums.get(key), value)
+    return {
+        name: (kind, text, [(dict(key), v) for key, v in sums.items()])
+        for name, (kind, text, sums) in total.items()
+    }
+
+
+def _add(total, value):
+    if total is None:
+        return value
+    if isinstance(value, list | tuple):  # a histogram: (buckets, sum)
+        buckets = [a + b for a, b in zip(total[0], value[0], strict=True)]
+        return (buckets, total[1] + value[1])
+    return total + value
+
+
+class Collector:
+    """A prometheus_client collector of :meth:`Stats.metrics` (this
+    process's, or every process's that shares ``multiprocess_dir``)."""
+
+    def __init__(self, stats):
+        self.stats = stats
+
+    def collect(self):
+        from prometheus_client.core import (
+            CounterMetricFamily,
+            GaugeMetricFamily,
+            HistogramMetricFamily,
+        )
+
+        stats = self.stats
+        if stats.multiprocess_dir is None:
+            families = stats.metrics()
+        else:
+            write_metrics(stats.multiprocess_dir, os.getpid(), stats.metrics())
+            families = read_metrics(stats.multiprocess_dir)
+        kinds = {
+            'counter': CounterMetricFamily,
+            'gauge': GaugeMetricFamily,
+            'histogram': HistogramMetricFamily,
+        }
+        for name, (kind, text, samples) in sorted(families.items()):
+            labels = sorted({k for sample, _ in samples for k in sample})
+            family = kinds[kind](name, text, labels=labels)
+            for sample, value in samples:
+                values = [sample.get(k, '') for k in labels]
+                if kind == 'histogram':
+                    family.add_metric(values, _cumulative(value[0]), value[1])
+                else:
+                    family.add_metric(values, value)
+            yield family
+
+
+def _cumulative(counts):
+    running = list(itertools.accumulate(counts))
+    return [
+        ('+Inf' if bound == float('inf') else repr(bound), count)
+        for bound, count in zip(BUCKETS, running, strict=True)
+    ]

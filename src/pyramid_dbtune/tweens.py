@@ -1,0 +1,112 @@
+"""The timing tween: microseconds per request, ``Server-Timing``, and the
+figures of :mod:`.stats` and :mod:`.profiler`.
+
+Registered only when ``dbtune.server_timing``, ``dbtune.stats`` or
+``dbtune.profile`` is on, outermost (under ``INGRESS``), so that the time it
+measures takes in pyramid_tm's commit. Every line of it runs on every
+request: it is kept to a couple of microseconds
+(``benchmarks/bench_overhead.py``), hence ``%`` formatting and a header
+appended to the list rather than set through ``response.headers``.
+"""
+
+import itertools
+from threading import get_ident
+from time import perf_counter, thread_time
+
+from .stats import CPU_EVERY
+
+# % formats floats faster than f-strings do (see the module's text).
+_FORMAT = (
+    'total;dur=%.3f, db-read;dur=%.3f, db-write;dur=%.3f, '
+    'db-queries;desc=%d, write-slot;dur=%.3f, cache-hit;desc=%d, '
+    'cache-miss;desc=%d'
+)
+
+
+def server_timing(request, seconds):
+    """The ``Server-Timing`` value for a request that took ``seconds``:
+    ``total``, and when it used the database, ``db-read``, ``db-write`` and
+    ``write-slot`` (durations in ms), ``db-queries``, ``cache-hit`` and
+    ``cache-miss`` (counts; ``cache-stale`` and ``cache-waited`` when not
+    0)."""
+    context = request.__dict__.get('dbtune')
+    if context is None:
+        return 'total;dur=%.3f' % (seconds * 1000)
+    cache = context.cache
+    write = context.write_seconds
+    text = _FORMAT % (
+        seconds * 1000,
+        (context.db_seconds - write) * 1000,
+        write * 1000,
+        context.queries,
+        context.unit.write_wait * 1000,
+        cache['hit'],
+        cache['miss'],
+    )
+    for outcome in ('stale', 'waited'):
+        if cache[outcome]:
+            text += f', cache-{outcome};desc={cache[outcome]}'
+    return text
+
+
+def timing_tween_factory(handler, registry):
+    """Time every request; see the module's text for what it feeds."""
+    runtime = registry.dbtune
+    header = runtime.settings.server_timing
+    stats = runtime.stats
+    profiler = runtime.profiler
+    if stats is None and profiler is None:
+
+        def timing_tween(request):
+            start = perf_counter()
+            response = handler(request)
+            response.headerlist.append(
+                (
+                    'Server-Timing',
+                    server_timing(request, perf_counter() - start),
+                )
+            )
+            return response
+
+        return timing_tween
+
+    active = runtime.active
+    record = None if stats is None else stats.record
+    turn = itertools.count()
+
+    def timing_tween(request):
+        ident = get_ident()
+        outer = active.get(ident)  # a subrequest's parent
+        active[ident] = request
+        if profiler is not None and not profiler.running:
+            profiler.start()
+        cpu = None
+        if record is not None:
+            if len(active) > stats.peak_in_flight:
+                stats.peak_in_flight = len(active)
+            if not next(turn) % CPU_EVERY:
+                cpu = thread_time()
+        start = perf_counter()
+        try:
+            response = handler(request)
+        except BaseException:
+            if record is not None:
+                record(ident, request, perf_counter() - start, True, cpu)
+            raise
+        finally:
+            if outer is None:
+                del active[ident]
+            else:
+                active[ident] = outer
+        end = perf_counter()
+        if record is not None:
+            record(ident, request, end - start, response.status[0] == '5', cpu)
+            if end >= stats.next_tick:
+                stats.tick(end)
+        if header:
+            response.headerlist.append(
+                ('Server-Timing', server_timing(request, end - start))
+            )
+        return response
+
+    return timing_tween

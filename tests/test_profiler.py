@@ -1,0 +1,180 @@
+"""The sampling profiler: it adds up many requests of many threads, per
+route, and never serialises them."""
+
+import marshal
+import pstats
+import threading
+import time
+
+import pytest
+
+from pyramid_dbtune import access, profiler
+
+TOKEN = 'a-token-of-16-chars-or-more'
+AUTH = {access.HEADER: TOKEN}
+ON = {'dbtune.profile': 'true', 'dbtune.stats.token': TOKEN}
+
+
+def busy_for(seconds):
+    """The view's own slow function: Python work, on the CPU."""
+    deadline = time.thread_time() + seconds
+    total = 0
+    while time.thread_time() < deadline:
+        total += 1
+    return total
+
+
+def slow_view(request):
+    return {'turns': busy_for(0.004)}
+
+
+def other_function(seconds):
+    deadline = time.thread_time() + seconds
+    while time.thread_time() < deadline:
+        pass
+
+
+def other_view(request):
+    other_function(0.004)
+    return {}
+
+
+@pytest.fixture
+def app(apps, sqlite_url):
+    return apps(sqlite_url, [], ON,
+                views={'/slow': slow_view, '/other': other_view})  # fmt: skip
+
+
+def drive(app, path, count, threads=4):
+    def run():
+        for _ in range(count // threads):
+            app.get(path)
+
+    workers = [threading.Thread(target=run) for _ in range(threads)]
+    for worker in workers:
+        worker.start()
+    for worker in workers:
+        worker.join()
+
+
+def test_after_200_requests_the_slow_function_is_on_top(app, tmp_path):
+    drive(app, '/slow', 200)  # four threads, at the default 100 a second
+    drive(app, '/other', 40)
+    profile = app.get('/_dbtune/profile', headers=AUTH,
+                      params={'limit': '1000'}).json  # fmt: skip
+    assert profile['rate'] == 100
+    slow = profile['routes']['/slow']
+    assert slow['own'][0]['function'] == 'busy_for'
+    assert slow['own'][0]['file'] == __file__
+    assert slow['samples'] >= 20 and slow['own'][0]['own_s'] > 0
+    cumulative = {f['function']: f['cumulative_s'] for f in slow['cumulative']}
+    assert cumulative['slow_view'] >= cumulative['busy_for'] > 0
+    other = profile['routes']['/other']
+    assert other['own'][0]['function'] == 'other_function'
+    assert 'busy_for' not in [f['function'] for f in other['own']]
+    # One route only, and fewer rows.
+    one = app.get('/_dbtune/profile', headers=AUTH,
+                  params={'route': '/other', 'limit': '1'}).json  # fmt: skip
+    assert list(one['routes']) == ['/other']
+    assert len(one['routes']['/other']['own']) == 1
+
+    # The .prof file loads with pstats, the slow function on top.
+    response = app.get('/_dbtune/profile.prof', headers=AUTH,
+                       params={'route': '/slow'})  # fmt: skip
+    assert (
+        'dbtune-profile-/slow.prof' in response.headers['Content-Disposition']
+    )
+    path = tmp_path / 'slow.prof'
+    path.write_bytes(response.body)
+    loaded = pstats.Stats(str(path))
+    loaded.sort_stats('tottime')
+    top = loaded.fcn_list[0]
+    assert top[2] == 'busy_for' and top[0] == __file__
+    callers = loaded.stats[top][4]
+    assert [key[2] for key in callers] == ['slow_view']
+    # All routes together.
+    everything = marshal.loads(
+        app.get('/_dbtune/profile.prof', headers=AUTH).body
+    )
+    assert {key[2] for key in everything} >= {'busy_for', 'other_function'}
+
+    # Collapsed stacks: outermost first, a count in ms at the end.
+    text = app.get('/_dbtune/profile.folded', headers=AUTH,
+                   params={'route': '/slow'}).text  # fmt: skip
+    lines = text.splitlines()
+    assert lines and all(line.rsplit(' ', 1)[1].isdigit() for line in lines)
+    heaviest = max(lines, key=lambda line: int(line.rsplit(' ', 1)[1]))
+    assert heaviest.rsplit(' ', 1)[0].split(';')[-1].startswith('busy_for (')
+    assert 'timing_tween' in heaviest
+
+    # Reset forgets every sample.
+    app.get('/_dbtune/profile/reset', headers=AUTH, status=404)  # POST only
+    assert app.post('/_dbtune/profile/reset', headers=AUTH).json
+    assert app.get('/_dbtune/profile', headers=AUTH).json['routes'] == {}
+
+
+def test_the_profiler_never_serialises_requests(apps, sqlite_url):
+    together = threading.Barrier(2, timeout=10)
+
+    def meet(request):
+        together.wait()  # both requests inside the view at once
+        busy_for(0.05)
+        return {}
+
+    app = apps(sqlite_url, [], {**ON, 'dbtune.profile.sample': '1000'},
+               views={'/meet': meet})  # fmt: skip
+    drive(app, '/meet', 2, threads=2)
+    assert not together.broken
+    routes = app.app.registry.dbtune.profiler.routes()
+    assert routes['/meet'][0] >= 2
+
+
+def test_errors_of_the_views(app):
+    app.get('/_dbtune/profile', headers=AUTH, params={'route': 'nope'},
+            status=404)  # fmt: skip
+    for limit in ('0', 'x', '1001'):
+        app.get('/_dbtune/profile', headers=AUTH, params={'limit': limit},
+                status=400)  # fmt: skip
+
+
+def test_the_sampling_thread_stops_when_idle_and_starts_again(
+    app, monkeypatch
+):
+    monkeypatch.setattr(profiler, 'IDLE', 0.05)
+    sampler = app.app.registry.dbtune.profiler
+    app.get('/slow')
+    deadline = time.monotonic() + 10
+    while sampler.running and time.monotonic() < deadline:
+        time.sleep(0.02)
+    assert not sampler.running
+    app.get('/slow')
+    assert sampler.running
+    sampler.start()  # running already: no second thread
+    assert [t.name for t in threading.enumerate()].count(
+        'dbtune-profiler'
+    ) == 1
+
+
+def test_stacks_beyond_the_bound_are_one(app, monkeypatch):
+    monkeypatch.setattr(profiler, 'MAX_STACKS', 1)
+    sampler = app.app.registry.dbtune.profiler
+    request = app.app.request_factory({'PATH_INFO': '/slow'})
+    sampler.active[threading.get_ident()] = request
+    try:
+        sampler.sample(0.01)
+
+        def deeper():
+            sampler.sample(0.01)
+
+        deeper()
+    finally:
+        del sampler.active[threading.get_ident()]
+    top = sampler.top()
+    names = [f['function'] for f in top['own']]
+    assert profiler.OTHER[2] in names and 'deeper' not in names
+    # A thread that ended between the map and the frames is passed over.
+    sampler.active[-1] = request
+    try:
+        sampler.sample(0.01)
+    finally:
+        del sampler.active[-1]

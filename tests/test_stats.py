@@ -1,0 +1,527 @@
+"""The timing tween, Server-Timing, and the figures of /_dbtune/stats and
+/_dbtune/metrics, driven through WebTest and real threads."""
+
+import os
+import subprocess
+import sys
+import threading
+import time
+
+import pytest
+from prometheus_client.parser import text_string_to_metric_families
+from pyramid.config import Configurator
+from pyramid.exceptions import ConfigurationError
+from pyramid.interfaces import ITweens
+from pyramid.request import Request
+from webtest import TestApp
+
+from pyramid_dbtune import access, stats, tweens
+
+from conftest import SEARCH, SET_RENT, add_sleep_function, call
+
+TOKEN = 'a-token-of-16-chars-or-more'
+AUTH = {access.HEADER: TOKEN}
+TWEEN = 'pyramid_dbtune.tweens.timing_tween_factory'
+ON = {'dbtune.stats': 'true', 'dbtune.stats.token': TOKEN}
+
+
+def tween_names(app):
+    return [
+        name for name, _ in app.app.registry.getUtility(ITweens).implicit()
+    ]
+
+
+def timings(response):
+    """The Server-Timing header as {name: duration or description}."""
+    found = {}
+    for item in response.headers['Server-Timing'].split(', '):
+        name, *params = item.split(';')
+        for param in params:
+            key, value = param.split('=')
+            found[name] = float(value) if key == 'dur' else int(value)
+    return found
+
+
+def hello(request):
+    return {'hello': 'world'}
+
+
+def boom(request):
+    raise RuntimeError('boom')
+
+
+def unavailable(request):
+    request.response.status = 503
+    return {}
+
+
+def test_everything_off_installs_no_tween_and_no_view(sqlite_url, apps):
+    app = apps(sqlite_url, [SEARCH], {'dbtune.stats.token': TOKEN})
+    assert TWEEN not in tween_names(app)
+    assert 'pyramid_tm.tm_tween_factory' in tween_names(app)
+    runtime = app.app.registry.dbtune
+    assert runtime.stats is runtime.profiler is runtime.active is None
+    routes = app.app.registry.introspector.get_category('routes')
+    assert not [r for r in routes if r['introspectable']['pattern']
+                .startswith('/_dbtune/')]  # fmt: skip
+    response = app.post_json('/call', {'calls': [['search', {'area': 'x'}]]})
+    assert 'Server-Timing' not in response.headers
+    app.get('/_dbtune/stats', headers=AUTH, status=404)
+
+
+@pytest.mark.parametrize('setting', ['server_timing', 'stats', 'profile'])
+def test_each_feature_installs_the_tween(sqlite_url, apps, setting):
+    settings = {'dbtune.stats.token': TOKEN, f'dbtune.{setting}': 'true'}
+    app = apps(sqlite_url, [SEARCH], settings)
+    assert tween_names(app)[0] == TWEEN  # outermost: under INGRESS
+
+
+def test_server_timing_values(sqlite_url, apps):
+    app = apps(sqlite_url, [SEARCH, SET_RENT], {'dbtune.server_timing': 'on'},
+               views={'/hello': hello})  # fmt: skip
+    add_sleep_function(app.app.registry.dbtune.router)
+    miss = timings(
+        app.post_json('/call', {'calls': [['search', {'area': 'Burley'}]]})
+    )
+    assert miss['cache-miss'] == 1 and miss['cache-hit'] == 0
+    assert miss['db-queries'] == 1 and miss['db-write'] == 0
+    assert 0 < miss['db-read'] <= miss['total']
+    hit = timings(
+        app.post_json('/call', {'calls': [['search', {'area': 'Burley'}]]})
+    )
+    assert hit['cache-hit'] == 1 and hit['cache-miss'] == 0
+    assert hit['db-read'] == 0 and hit['db-queries'] == 0
+    wrote = timings(
+        app.post_json('/call', {'calls': [['set_rent', {'id': 1, 'rent': 5}]]})
+    )
+    assert 0 < wrote['db-write'] <= wrote['total'] and wrote['db-read'] == 0
+    assert wrote['write-slot'] >= 0
+    # A request that slept 50 ms says so.
+    app.app.registry.dbtune.methods.clear()
+    with Configurator(registry=app.app.registry) as config:
+        config.add_sql_method('nap', 'SELECT sleep(0.05) AS s')
+    slow = timings(app.post_json('/call', {'calls': [['nap', {}]]}))
+    assert 50 <= slow['db-read'] <= slow['total']
+    # No database touched: only the total.
+    assert list(timings(app.get('/hello'))) == ['total']
+
+
+def test_server_timing_names_stale_and_waited_when_there_are_some():
+    request = Request.blank('/')
+
+    class Unit:
+        write_wait = 0.002
+
+    class Context:
+        cache = {'hit': 1, 'miss': 2, 'stale': 3, 'waited': 0}
+        write_seconds = 0.001
+        db_seconds = 0.004
+        queries = 2
+        unit = Unit()
+
+    request.__dict__['dbtune'] = Context()
+    text = tweens.server_timing(request, 0.01)
+    assert text == (
+        'total;dur=10.000, db-read;dur=3.000, db-write;dur=1.000, '
+        'db-queries;desc=2, write-slot;dur=2.000, cache-hit;desc=1, '
+        'cache-miss;desc=2, cache-stale;desc=3'
+    )
+
+
+def stats_of(app):
+    return app.get('/_dbtune/stats', headers=AUTH).json
+
+
+def metrics_of(app):
+    text = app.get('/_dbtune/metrics', headers=AUTH).text
+    found = {}
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            key = (sample.name, tuple(sorted(sample.labels.items())))
+            found[key] = sample.value
+    return found
+
+
+def test_counters_move_with_hits_misses_and_writes(sqlite_url, apps):
+    settings = {**ON, 'dbtune.server_timing': 'true'}
+    views = {'/boom': boom, '/unavailable': unavailable}
+    app = apps(sqlite_url, [SEARCH, SET_RENT], settings, views=views)
+    before = stats_of(app)
+    assert before['requests'] == 0 and before['routes'] == {}
+    call(app, ('search', {'area': 'Headingley'}))  # miss
+    call(app, ('search', {'area': 'Headingley'}))  # hit
+    response = app.post_json(
+        '/call', {'calls': [['search', {'area': 'Headingley'}]]}
+    )
+    assert timings(response)['cache-hit'] == 1  # stats and the header
+    call(app, ('set_rent', {'id': 1, 'rent': 100}))  # invalidates
+    call(app, ('search', {'area': 'Headingley'}))  # miss
+    with pytest.raises(RuntimeError):
+        app.get('/boom')
+    app.get('/nowhere', status=404)
+    app.get('/unavailable', status=503)
+    figures = stats_of(app)
+    assert figures['requests'] == 8
+    assert figures['routes']['/unavailable']['errors'] == 1
+    assert figures['routes'][stats.NO_ROUTE]['errors'] == 0
+    route = figures['routes']['call']
+    assert route['requests'] == 5 and route['errors'] == 0
+    assert route['queries'] == 3 and route['db_ms'] > 0
+    assert 0 < route['p50_ms'] <= route['p90_ms'] <= route['max_ms']
+    assert figures['routes']['/boom']['errors'] == 1
+    assert figures['routes'][stats.NO_ROUTE]['requests'] == 1
+    cache = figures['cache']
+    assert (cache['hits'], cache['misses']) == (2, 2)
+    assert cache['hit_ratio'] == 0.5 and cache['invalidations'] == 1
+    assert cache['backend'] == 'memory' and cache['entries'] == 1
+    database = figures['database']
+    assert database['roles']['reader0']['reads'] == 2
+    assert database['roles']['writer']['writes'] == 1
+    assert database['write_transactions'] == 1
+    assert database['failovers'] == database['write_waits'] == 0
+    assert database['roles']['reader0']['in_use'] == 0
+    assert figures['parallelism']['in_flight'] == 0  # its own view: not
+    assert figures['parallelism']['peak_in_flight'] == 1
+
+    metrics = metrics_of(app)
+    assert metrics[('dbtune_requests_total', (('route', 'call'),))] == 5
+    assert metrics[('dbtune_request_errors_total', (('route', '/boom'),))]
+    assert metrics[('dbtune_cache_events_total', (('event', 'hits'),))] == 2
+    assert metrics[('dbtune_db_reads_total', (('role', 'reader0'),))] == 2
+    assert metrics[('dbtune_db_writes_total', ())] == 1
+    assert metrics[('dbtune_db_write_transactions_total', ())] == 1
+    assert metrics[('dbtune_request_duration_seconds_count',
+                    (('route', 'call'),))] == 5  # fmt: skip
+    inf = (('le', '+Inf'), ('route', 'call'))
+    assert metrics[('dbtune_request_duration_seconds_bucket', inf)] == 5
+    assert ('dbtune_process_cpu_seconds_total', ()) in metrics
+    # prometheus_client's own figures of the process come along.
+    assert any(name.startswith('python_') for name, _ in metrics)
+    # The operator's own views are not counted.
+    assert stats_of(app)['requests'] == 8
+
+
+def test_failovers_and_write_waits_are_counted(sqlite_url, apps):
+    app = apps(sqlite_url, [SEARCH, SET_RENT],
+               {**ON, 'dbtune.write_timeout': '5'})  # fmt: skip
+    router = app.app.registry.dbtune.router
+    router.readers[0].down_until = time.monotonic() + 60
+    call(app, ('search', {'area': 'Burley'}))
+    router.readers[0].down_until = 0
+    # A write that waits for the slot another thread holds.
+    router.write_slots.acquire()
+    threading.Timer(0.1, router.write_slots.release).start()
+    call(app, ('set_rent', {'id': 1, 'rent': 1}))
+    database = stats_of(app)['database']
+    assert database['failovers'] == 1
+    assert database['roles']['writer']['reads'] == 1
+    assert database['write_waits'] == 1
+    assert database['write_wait_seconds'] >= 0.05
+
+
+def test_in_flight_and_gil_wait_with_real_threads(
+    sqlite_url, apps, monkeypatch
+):
+    monkeypatch.setattr(tweens, 'CPU_EVERY', 1)  # measure every request
+    inside = threading.Barrier(4, timeout=30)
+
+    def wait(request):
+        inside.wait()  # four requests at once, or a BrokenBarrierError
+        inside.wait()
+        return {}
+
+    def spin(request):
+        deadline = time.thread_time() + 0.05
+        while time.thread_time() < deadline:
+            pass
+        return {}
+
+    app = apps(sqlite_url, [], ON, views={'/wait': wait, '/spin': spin})
+    runtime = app.app.registry.dbtune
+    threads = [
+        threading.Thread(target=app.get, args=('/wait',)) for _ in range(3)
+    ]
+    for thread in threads:
+        thread.start()
+    inside.wait()
+    assert runtime.stats.snapshot()['parallelism']['in_flight'] == 3
+    inside.wait()
+    for thread in threads:
+        thread.join()
+    parallelism = stats_of(app)['parallelism']
+    assert parallelism['peak_in_flight'] == 3
+    assert parallelism['in_flight'] == 0
+
+    # Two threads spinning in Python: each runs about half the time.
+    runtime.stats.reset()
+    threads = [
+        threading.Thread(target=lambda: [app.get('/spin') for _ in range(4)])
+        for _ in range(2)
+    ]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    parallelism = stats_of(app)['parallelism']
+    assert parallelism['measured_requests'] == 8
+    assert parallelism['runnable_ratio'] > 0.25
+    assert 0 < parallelism['cpu_ratio'] <= os.cpu_count() + 0.5
+
+
+def test_database_waits_are_not_runnable_time(sqlite_url, apps, monkeypatch):
+    monkeypatch.setattr(tweens, 'CPU_EVERY', 1)
+    app = apps(
+        sqlite_url,
+        [{'name': 'nap', 'sql': 'SELECT sleep(0.1) AS s'}],
+        ON,
+    )
+    add_sleep_function(app.app.registry.dbtune.router)
+    for _ in range(3):
+        call(app, ('nap', {}))
+    parallelism = stats_of(app)['parallelism']
+    assert parallelism['measured_requests'] == 3
+    assert parallelism['runnable_ratio'] < 0.5
+    assert parallelism['request_cpu_ratio'] < 0.5
+
+
+def test_a_subrequest_keeps_its_parents_place(sqlite_url, apps):
+    def outer(request):
+        sub = Request.blank('/hello')
+        request.invoke_subrequest(sub, use_tweens=True)
+        active = request.registry.dbtune.active
+        return {'mine': active[threading.get_ident()] is request}
+
+    app = apps(sqlite_url, [], {**ON, 'dbtune.profile': 'true'},
+               views={'/outer': outer, '/hello': hello})  # fmt: skip
+    assert app.get('/outer').json == {'mine': True}
+    routes = stats_of(app)['routes']
+    assert routes['/outer']['requests'] == routes['/hello']['requests'] == 1
+
+
+def test_a_failing_request_leaves_nothing_behind_with_the_profiler_alone(
+    sqlite_url, apps
+):
+    app = apps(sqlite_url, [], {'dbtune.profile': 'true',
+                                'dbtune.stats.token': TOKEN},
+               views={'/boom': boom})  # fmt: skip
+    with pytest.raises(RuntimeError):
+        app.get('/boom')
+    assert app.app.registry.dbtune.active == {}
+
+
+def test_history_points_for_the_chart(sqlite_url, apps, monkeypatch):
+    monkeypatch.setattr(stats, 'TICK', 0.0)
+    app = apps(sqlite_url, [SEARCH], ON)
+    runtime = app.app.registry.dbtune
+    runtime.stats.reset()
+    call(app, ('search', {'area': 'Burley'}))
+    call(app, ('search', {'area': 'Burley'}))
+    history = stats_of(app)['history']
+    assert sum(p['requests'] for p in history) == 2
+    assert {p['hit_ratio'] for p in history} <= {None, 0.0, 1.0, 0.5}
+    assert all(p['p50_ms'] <= p['p95_ms'] for p in history)
+    # A tick another thread is taking is not taken twice.
+    before = len(runtime.stats.history)
+    with runtime.stats._lock:
+        runtime.stats.tick(time.perf_counter() + 100)
+    assert len(runtime.stats.history) == before
+    runtime.stats.tick(time.perf_counter() + 100)
+    assert len(runtime.stats.history) == before + 1
+
+
+def test_no_database_and_other_caches(tmp_path, memcached):
+    from conftest import shared_settings
+
+    with Configurator(settings={**ON, **shared_settings(memcached)}) as config:
+        config.include('pyramid_dbtune')
+        config.add_route('hello', '/hello')
+        config.add_view(hello, route_name='hello', renderer='json')
+        app = TestApp(config.make_wsgi_app())
+    app.get('/hello')
+    figures = stats_of(app)
+    assert figures['database'] == {}
+    assert figures['cache']['backend'] == 'memcached'
+    assert 'entries' not in figures['cache'] and 'errors' in figures['cache']
+    assert ('dbtune_db_reads_total', (('role', 'writer'),)) not in (
+        metrics_of(app)
+    )
+    with Configurator(settings={**ON, 'dbtune.cache.backend': 'none'}) as c:
+        c.include('pyramid_dbtune')
+        app = TestApp(c.make_wsgi_app())
+    assert stats_of(app)['cache']['hit_ratio'] is None
+
+
+def test_pools_without_counts_are_left_out(apps):
+    app = apps('sqlite://', [], ON, tables=False)
+    assert 'in_use' not in stats_of(app)['database']['roles']['writer']
+
+
+@pytest.mark.parametrize(
+    'settings, message',
+    [
+        ({'dbtune.stats': 'true'}, 'dbtune.stats = true needs'),
+        ({'dbtune.profile': 'yes'}, 'dbtune.profile = true needs'),
+        ({'dbtune.stats': 'maybe'}, "dbtune.stats = 'maybe' is not valid"),
+        ({'dbtune.server_timing': '2'}, 'expected true or false'),
+        ({'dbtune.profile.sample': '0'}, 'from 1 to 1000'),
+        ({'dbtune.profile.sample': '1001'}, 'from 1 to 1000'),
+        ({'dbtune.profile.sample': 'often'}, 'from 1 to 1000'),
+        ({'dbtune.profile.sample': True}, 'from 1 to 1000'),
+    ],
+)
+def test_bad_settings_stop_start_up(settings, message):
+    with (
+        pytest.raises(ConfigurationError, match=message),
+        Configurator(settings=settings) as config,
+    ):
+        config.include('pyramid_dbtune')
+
+
+def test_stats_need_prometheus_client(monkeypatch):
+    monkeypatch.setitem(sys.modules, 'prometheus_client', None)
+    with (
+        pytest.raises(ConfigurationError, match=r'pyramid_dbtune\[stats\]'),
+        Configurator(settings=ON) as config,
+    ):
+        config.include('pyramid_dbtune')
+
+
+def test_after_fork_starts_afresh(sqlite_url, apps):
+    app = apps(sqlite_url, [SEARCH], {**ON, 'dbtune.profile': 'true'})
+    call(app, ('search', {'area': 'Burley'}))
+    runtime = app.app.registry.dbtune
+    runtime.stats.after_fork()
+    runtime.profiler.after_fork()
+    assert runtime.profiler.samples == 0 and not runtime.profiler.running
+    assert stats_of(app)['requests'] == 0
+
+
+# Several processes
+
+
+def test_files_of_processes_are_summed(tmp_path):
+    ended = subprocess.Popen([sys.executable, '-c', 'pass'])
+    ended.wait()
+    counter = {'c': ('counter', 'C', [({'route': 'a'}, 2)])}
+    gauge = {'g': ('gauge', 'G', [({}, 3)])}
+    histogram = {'h': ('histogram', 'H', [({}, ([1, 0, 2], 1.5))])}
+    stats.write_metrics(tmp_path, os.getpid(), {**counter, **gauge,
+                                                **histogram})  # fmt: skip
+    stats.write_metrics(tmp_path, ended.pid, {**counter, **gauge,
+                                              **histogram})  # fmt: skip
+    (tmp_path / 'dbtune_9.json').write_text('{not json')
+    (tmp_path / 'counter_1.db').write_bytes(b'prometheus_client')
+    total = stats.read_metrics(tmp_path)
+    assert total['c'] == ('counter', 'C', [({'route': 'a'}, 4)])
+    assert total['g'] == ('gauge', 'G', [({}, 3)])  # the living only
+    assert total['h'] == ('histogram', 'H', [({}, ([2, 0, 4], 3.0))])
+
+
+def test_one_process_writes_its_file_once_a_second(
+    sqlite_url, apps, tmp_path, monkeypatch
+):
+    monkeypatch.setenv('PROMETHEUS_MULTIPROC_DIR', str(tmp_path))
+    monkeypatch.setattr(stats, 'TICK', 0.0)
+    app = apps(sqlite_url, [SEARCH], ON)
+    call(app, ('search', {'area': 'Burley'}))  # the first tick writes
+    call(app, ('search', {'area': 'Burley'}))  # a writer thread already
+    mine = tmp_path / f'dbtune_{os.getpid()}.json'
+    assert mine.exists()
+    written = mine.stat().st_mtime_ns
+    metrics = metrics_of(app)
+    assert metrics[('dbtune_requests_total', (('route', 'call'),))] == 2
+    deadline = time.monotonic() + 10
+    while mine.stat().st_mtime_ns == written:
+        assert time.monotonic() < deadline
+        time.sleep(0.1)
+    # A directory that goes away stops the writer, with a warning.
+    for path in tmp_path.iterdir():
+        path.unlink()
+    tmp_path.rmdir()
+    time.sleep(1.5)
+    assert not tmp_path.exists()
+
+
+GUNICORN_APP = """
+import os, time
+from pyramid.config import Configurator
+
+def hello(request):
+    time.sleep(0.05)
+    return {'pid': os.getpid()}
+
+with Configurator(settings=%r) as config:
+    config.include('pyramid_dbtune')
+    config.add_route('hello', '/hello')
+    config.add_view(hello, route_name='hello', renderer='json')
+    application = config.make_wsgi_app()
+"""
+
+
+def test_metrics_add_up_gunicorn_workers(tmp_path):
+    import json
+    import socket
+    import urllib.request
+
+    (tmp_path / 'statsapp.py').write_text(GUNICORN_APP % ON)
+    metrics_dir = tmp_path / 'metrics'
+    metrics_dir.mkdir()
+    with socket.socket() as s:
+        s.bind(('127.0.0.1', 0))
+        port = s.getsockname()[1]
+    gunicorn = os.path.join(os.path.dirname(sys.executable), 'gunicorn')
+    server = subprocess.Popen(
+        [gunicorn, '--workers', '2', '--bind', f'127.0.0.1:{port}',
+         '--chdir', str(tmp_path), 'statsapp:application'],
+        env={**os.environ, 'PROMETHEUS_MULTIPROC_DIR': str(metrics_dir)},
+        stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+    )  # fmt: skip
+    base = f'http://127.0.0.1:{port}'
+
+    def get(path, headers=None):
+        request = urllib.request.Request(base + path, headers=headers or {})
+        with urllib.request.urlopen(request, timeout=10) as response:
+            return response.read().decode()
+
+    try:
+        deadline = time.monotonic() + 30
+        while True:
+            try:
+                get('/hello')
+                break
+            except OSError:
+                assert time.monotonic() < deadline, server.stderr.read()
+                time.sleep(0.1)
+        pids = set()
+
+        def drive():
+            for _ in range(10):
+                pids.add(json.loads(get('/hello'))['pid'])
+
+        threads = [threading.Thread(target=drive) for _ in range(4)]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join()
+        assert len(pids) == 2  # both workers served
+
+        total, text = 0, ''
+        deadline = time.monotonic() + 20
+        while time.monotonic() < deadline and not (
+            total == 41 and 'dbtune_requests_in_flight 0.0' in text
+        ):
+            time.sleep(0.3)
+            text = get('/_dbtune/metrics', AUTH)
+            total = sum(
+                sample.value
+                for family in text_string_to_metric_families(text)
+                for sample in family.samples
+                if sample.name == 'dbtune_requests_total'
+            )
+        assert total == 41  # every worker's requests, whoever answers
+        assert 'dbtune_requests_in_flight 0.0' in text
+        files = sorted(p.name for p in metrics_dir.iterdir())
+        assert len([f for f in files if f.startswith('dbtune_')]) == 2
+    finally:
+        server.terminate()
+        server.wait(20)
