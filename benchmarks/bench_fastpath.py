@@ -23,19 +23,19 @@ callable over HTTP; the include-only form costs under 5 us in process.
 
 import argparse
 import io
-import os
-import re
-import shutil
-import socket
-import subprocess
 import sys
-import tempfile
 import time
 from pathlib import Path
 
+from common import (
+    ensure_wrk,
+    free_port,
+    requests_per_second,
+    start_server,
+    stop_server,
+)
 from fastpath_apps import PATH, VARIANTS, make
 
-HERE = Path(__file__).parent
 NAMES = {
     'bare': 'bare WSGI callable',
     'filter': 'fastpath filter (wrap)',
@@ -93,29 +93,7 @@ def in_process(calls, rounds):
     return best
 
 
-def free_port():
-    with socket.socket() as s:
-        s.bind(('127.0.0.1', 0))
-        return s.getsockname()[1]
-
-
-def ensure_wrk():
-    if shutil.which('wrk'):
-        return shutil.which('wrk')
-    print('wrk is missing: installing it with apt-get', file=sys.stderr)
-    for command in (
-        ['apt-get', 'update', '-qq'],
-        ['apt-get', 'install', '-y', '-qq', 'wrk'],
-    ):
-        subprocess.run(command, check=True, stdout=subprocess.DEVNULL)
-    return shutil.which('wrk')
-
-
 def serve(server, variant, port):
-    env = {**os.environ, 'DBTUNE_BENCH_VARIANT': variant}
-    env['PYTHONPATH'] = os.pathsep.join(
-        filter(None, [str(HERE), env.get('PYTHONPATH')])
-    )
     bindir = Path(sys.executable).parent
     if server == 'waitress':
         command = [
@@ -140,43 +118,7 @@ def serve(server, variant, port):
             'warning',
             'fastpath_apps:app_factory()',
         ]
-    # A file, not a pipe: waitress logs its queue depth under load, and a
-    # pipe nobody reads fills up and stalls the server.
-    log = tempfile.TemporaryFile()  # noqa: SIM115 (lives with the server)
-    process = subprocess.Popen(
-        command, env=env, stdout=subprocess.DEVNULL, stderr=log
-    )
-    deadline = time.monotonic() + 30
-    while time.monotonic() < deadline:
-        try:
-            with socket.create_connection(('127.0.0.1', port), timeout=1):
-                return process
-        except OSError:
-            if process.poll() is not None:
-                log.seek(0)
-                raise RuntimeError(log.read().decode()) from None
-            time.sleep(0.1)
-    process.kill()
-    raise RuntimeError(f'{server} did not start on port {port}')
-
-
-def requests_per_second(wrk, port, seconds):
-    done = subprocess.run(
-        [
-            wrk,
-            '-t2',
-            '-c16',
-            f'-d{seconds}s',
-            f'http://127.0.0.1:{port}{PATH}',
-        ],
-        capture_output=True,
-        text=True,
-        check=True,
-        timeout=seconds + 30,
-    )
-    if 'Non-2xx' in done.stdout:
-        raise AssertionError(done.stdout)
-    return float(re.search(r'Requests/sec:\s+([\d.]+)', done.stdout)[1])
+    return start_server(command, port, {'DBTUNE_BENCH_VARIANT': variant})
 
 
 def over_http(seconds, rounds):
@@ -192,12 +134,14 @@ def over_http(seconds, rounds):
             for _ in range(rounds):
                 for variant, (_, port) in running.items():
                     best[variant] = max(
-                        best[variant], requests_per_second(wrk, port, seconds)
+                        best[variant],
+                        requests_per_second(
+                            wrk, f'http://127.0.0.1:{port}{PATH}', seconds
+                        ),
                     )
         finally:
             for process, _ in running.values():
-                process.terminate()
-                process.wait(10)
+                stop_server(process)
         results[server] = best
     return results
 

@@ -9,7 +9,7 @@ from pathlib import Path
 from pyramid.exceptions import ConfigurationError
 from pyramid.path import AssetResolver
 
-from . import access, fastpath
+from . import access, fastpath, probes
 from . import settings as _settings
 from .cache import MAX_EXPIRY, make_cache
 from .errors import WriteInReadError, WriteSlotTimeout
@@ -147,7 +147,8 @@ def includeme(config):
     ``request.sql``, ``request.dbsession`` and ``request.dbtune``, and
     includes pyramid_tm. With
     ``dbtune.fast_paths`` set, answers those paths before Pyramid builds a
-    request (:mod:`pyramid_dbtune.fastpath`).
+    request (:mod:`pyramid_dbtune.fastpath`); with ``dbtune.probes`` on,
+    adds the probe views of :mod:`pyramid_dbtune.probes`.
     """
     parsed = _settings.parse(config.get_settings())
     config.include('pyramid_tm')
@@ -159,6 +160,8 @@ def includeme(config):
     config.add_request_method(dbsession, 'dbsession', reify=True)
     if parsed.fast_paths:
         fastpath.install(config, parsed.fast_paths)
+    if parsed.probes:
+        probes.install(config)
     # After every other action: overrides may only name registered methods,
     # and a permission needs the security policy the app sets up.
     config.action(None, _check_cache_times, args=(runtime,), order=10)
