@@ -6,7 +6,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 DEMO_INI := examples/accommodation/development.ini
 
-.PHONY: demo test lint format docs bench-cache bench-fastpath bench-rwsplit bench-memcached clean
+.PHONY: demo test lint format docs bench-cache bench-fastpath bench-rwsplit bench-memcached bench-threads clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -53,6 +53,10 @@ bench-rwsplit: $(VENV)/.testing
 
 bench-memcached: $(VENV)/.testing
 	$(BIN)/python benchmarks/bench_memcached.py
+
+# Starts gunicorn servers on loopback; installs wrk when missing.
+bench-threads: $(VENV)/.testing
+	$(BIN)/python benchmarks/threads_vs_processes.py
 
 clean:
 	rm -rf $(VENV) .coverage .pytest_cache .ruff_cache docs/_build

@@ -246,6 +246,18 @@ def test_judge(probe, measured, kw, words, far):
     assert words in sentence and is_far is far
 
 
+def test_judge_a_busy_host():
+    capacity = Capacity.of(claims(workers=2), {1: [1]}, 8)
+    assert judge('cpu', 0.8, capacity, 8, share=0.8)[1] is True
+    sentence, far = judge('cpu', 0.8, capacity, 8, share=0.3)
+    assert not far
+    assert 'the host is busy: a CPU request alone got 30% of a core' in (
+        sentence
+    )
+    # I/O readings do not need free cores.
+    assert judge('io', 0.8, capacity, 8, share=0.3)[1] is True
+
+
 def test_progress_bar_on_a_terminal():
     class Terminal(io.StringIO):
         def isatty(self):

@@ -31,6 +31,8 @@ PROBES = ('io', 'cpu', 'sql')
 FAR_BELOW = 0.5
 #: Rounds of N requests at once, at the least, whatever the duration.
 MIN_ROUNDS = 2
+#: A CPU probe alone that gets less of a core than this: the host is busy.
+BUSY = 0.7
 NAMES = {'io': 'I/O', 'cpu': 'CPU', 'sql': 'SQL'}
 
 
@@ -80,6 +82,8 @@ class Measurement:
     concurrency: int
     #: Seconds of each request sent alone.
     single: list = field(default_factory=list)
+    #: The probes' answers to the requests sent alone.
+    alone: list = field(default_factory=list)
     #: Seconds of each round of ``concurrency`` requests at once.
     rounds: list = field(default_factory=list)
     #: The probes' answers in the rounds.
@@ -101,6 +105,14 @@ class Measurement:
         return at_once / (len(self.single) / sum(self.single))
 
     @property
+    def core_share(self):
+        """How much of a core a request alone got: its CPU time ÷ its
+        time in the view (medians). Below 1, other work had the cores."""
+        return statistics.median(
+            a['cpu_seconds'] / max(a['seconds'], 1e-9) for a in self.alone
+        )
+
+    @property
     def served(self):
         """Process id: the thread ids that served it, in the rounds."""
         served = {}
@@ -116,6 +128,7 @@ class Measurement:
             'round_ms': round(statistics.median(self.rounds) * 1000, 1),
             'requests': len(self.single) + self.concurrency * len(self.rounds),
             'served': {str(p): t for p, t in self.served.items()},
+            'core_share_alone': round(self.core_share, 2),
         }
 
 
@@ -133,7 +146,9 @@ def measure(base, probe, *, concurrency, duration, ms, token, progress):
             len(result.rounds) < MIN_ROUNDS
             or time.monotonic() - start < duration
         ):
-            result.single.append(fetch(url, token, timeout)[1])
+            answer, seconds = fetch(url, token, timeout)
+            result.single.append(seconds)
+            result.alone.append(answer)
             began = time.perf_counter()
             answers = list(
                 pool.map(
@@ -230,12 +245,20 @@ def _count(number, noun, plural=None):
     return f'{number} {noun if number == 1 else plural or noun + "s"}'
 
 
-def judge(probe, measured, capacity, concurrency, db_wait=True):
+def judge(probe, measured, capacity, concurrency, db_wait=True, share=1.0):
     """A sentence on one probe's parallelism, and whether it is far
-    below what the configuration claims."""
+    below what the configuration claims. ``share``: of a core, that the
+    probe got alone (see :attr:`Measurement.core_share`)."""
     expected = capacity.expected(probe, concurrency, db_wait)
     far = measured < FAR_BELOW * expected
     head = f'{NAMES[probe]}: {measured:.1f} of {concurrency}'
+    if probe == 'cpu' and share < BUSY:
+        return (
+            f'{head} — the host is busy: a CPU request alone got '
+            f'{share:.0%} of a core, so this reading says little about '
+            'the server; run again when the host is quiet',
+            False,
+        )
     processes, threads = capacity.processes, capacity.threads
     cores = capacity.cores
     if far:
@@ -340,7 +363,12 @@ def check(
     for probe, result in measured.items():
         db_wait = firsts[probe].get('db_wait', True)
         sentence, far = judge(
-            probe, result.parallelism, capacity, concurrency, db_wait
+            probe,
+            result.parallelism,
+            capacity,
+            concurrency,
+            db_wait,
+            result.core_share,
         )
         report['probes'][probe] = {
             **result.as_dict(),
