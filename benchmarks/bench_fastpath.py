@@ -30,6 +30,7 @@ from pathlib import Path
 from common import (
     ensure_wrk,
     free_port,
+    print_rates,
     requests_per_second,
     start_server,
     stop_server,
@@ -170,14 +171,13 @@ def report_in_process(best):
 
 
 def report_http(results):
-    print('\nOver HTTP (wrk -t2 -c16), requests per second, best of rounds:')
-    print(f'{"what":42} ' + ' '.join(f'{s:>18}' for s in results))
-    for name in VARIANTS:
-        cells = ' '.join(
-            f'{r[name]:10.0f} ({r[name] / r["bare"]:5.2f})'
-            for r in results.values()
-        )
-        print(f'{NAMES[name]:42} {cells}')
+    print_rates(
+        '\nOver HTTP (wrk -t2 -c16), requests per second, best of rounds:',
+        {name: NAMES[name] for name in VARIANTS},
+        results,
+        'bare',
+        42,
+    )
     for server, r in results.items():
         gap = 1 - r['filter'] / r['bare']
         print(

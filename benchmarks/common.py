@@ -152,3 +152,17 @@ def requests_per_second(
     if 'Non-2xx' in done.stdout:
         raise AssertionError(done.stdout)
     return float(re.search(r'Requests/sec:\s+([\d.]+)', done.stdout)[1])
+
+
+def print_rates(title, rows, columns, base, width):
+    """A table of requests per second: ``rows`` maps each row's key to
+    its label; ``columns`` maps a heading to {row key: rate}; each cell
+    also gives the rate's ratio to the ``base`` row's."""
+    print(title)
+    print(f'{"what":{width}} ' + ' '.join(f'{c:>18}' for c in columns))
+    for key, label in rows.items():
+        cells = ' '.join(
+            f'{r[key]:10.0f} ({r[key] / r[base]:5.2f})'
+            for r in columns.values()
+        )
+        print(f'{label:{width}} {cells}')

@@ -32,6 +32,7 @@ from common import (
     ensure_wrk,
     free_port,
     gunicorn_command,
+    print_rates,
     requests_per_second,
     start_server,
     stop_server,
@@ -79,18 +80,15 @@ def measure(seconds, rounds):
 
 
 def report(best, seconds, rounds):
-    print(
+    print_rates(
         f'gunicorn workers × threads; requests per second (wrk, '
         f'{CONNECTIONS} connections, {seconds} s, best of {rounds}); '
-        f'pages: {MS} ms of CPU, {MS} ms of waiting'
+        f'pages: {MS} ms of CPU, {MS} ms of waiting',
+        {name: name for name in CONFIGS},
+        best,
+        '1×1',
+        8,
     )
-    print(f'{"config":8}' + ''.join(f'{page:>20}' for page in PAGES))
-    for name in CONFIGS:
-        cells = ''.join(
-            f'{rates[name]:11.0f} ({rates[name] / rates["1×1"]:5.2f})'
-            for rates in best.values()
-        )
-        print(f'{name:8}{cells}')
     cpu, io = best['CPU-bound'], best['I/O-bound']
     print(
         f'\nCPU-bound: 2×1 / 1×8 = {cpu["2×1"] / cpu["1×8"]:.2f} '
