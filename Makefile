@@ -6,7 +6,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 DEMO_INI := examples/accommodation/development.ini
 
-.PHONY: demo test lint format docs buildout bench-cache bench-fastpath bench-rwsplit bench-memcached bench-overhead clean
+.PHONY: demo test lint format docs buildout bench-cache bench-fastpath bench-rwsplit bench-memcached bench-overhead bench-threads clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -63,6 +63,10 @@ bench-memcached: $(VENV)/.testing
 
 bench-overhead: $(VENV)/.testing
 	$(BIN)/python benchmarks/bench_overhead.py
+
+# Starts gunicorn servers on loopback; installs wrk when missing.
+bench-threads: $(VENV)/.testing
+	$(BIN)/python benchmarks/threads_vs_processes.py
 
 clean:
 	rm -rf $(VENV) .coverage .pytest_cache .ruff_cache docs/_build

@@ -23,19 +23,20 @@ callable over HTTP; the include-only form costs under 5 us in process.
 
 import argparse
 import io
-import os
-import re
-import shutil
-import socket
-import subprocess
 import sys
-import tempfile
 import time
-from pathlib import Path
 
+from common import (
+    ensure_wrk,
+    free_port,
+    gunicorn_command,
+    print_rates,
+    requests_per_second,
+    start_server,
+    stop_server,
+)
 from fastpath_apps import PATH, VARIANTS, make
 
-HERE = Path(__file__).parent
 NAMES = {
     'bare': 'bare WSGI callable',
     'filter': 'fastpath filter (wrap)',
@@ -93,31 +94,7 @@ def in_process(calls, rounds):
     return best
 
 
-def free_port():
-    with socket.socket() as s:
-        s.bind(('127.0.0.1', 0))
-        return s.getsockname()[1]
-
-
-def ensure_wrk():
-    if shutil.which('wrk'):
-        return shutil.which('wrk')
-    print('wrk is missing: installing it with apt-get', file=sys.stderr)
-    for command in (
-        ['apt-get', 'update', '-qq'],
-        ['apt-get', 'install', '-y', '-qq', 'wrk'],
-    ):
-        subprocess.run(command, check=True, stdout=subprocess.DEVNULL)
-    return shutil.which('wrk')
-
-
 def serve(server, variant, port):
-    env = {**os.environ, 'DBTUNE_BENCH_VARIANT': variant}
-    env['PYTHONPATH'] = os.pathsep.join(
-        filter(None, [str(HERE), env.get('PYTHONPATH')])
-    )
-    # `python -m`, not the console scripts: under buildout they are not
-    # beside the interpreter.
     if server == 'waitress':
         command = [
             sys.executable,
@@ -129,59 +106,14 @@ def serve(server, variant, port):
             'fastpath_apps:app_factory',
         ]
     else:
-        command = [
-            sys.executable,
-            '-m',
-            'gunicorn',
-            '--bind',
-            f'127.0.0.1:{port}',
-            '--workers',
-            '1',
-            '--worker-class',
-            'gthread',
-            '--threads',
-            '4',
-            '--log-level',
-            'warning',
-            'fastpath_apps:app_factory()',
-        ]
-    # A file, not a pipe: waitress logs its queue depth under load, and a
-    # pipe nobody reads fills up and stalls the server.
-    log = tempfile.TemporaryFile()  # noqa: SIM115 (lives with the server)
-    process = subprocess.Popen(
-        command, env=env, stdout=subprocess.DEVNULL, stderr=log
-    )
-    deadline = time.monotonic() + 30
-    while time.monotonic() < deadline:
-        try:
-            with socket.create_connection(('127.0.0.1', port), timeout=1):
-                return process
-        except OSError:
-            if process.poll() is not None:
-                log.seek(0)
-                raise RuntimeError(log.read().decode()) from None
-            time.sleep(0.1)
-    process.kill()
-    raise RuntimeError(f'{server} did not start on port {port}')
-
-
-def requests_per_second(wrk, port, seconds):
-    done = subprocess.run(
-        [
-            wrk,
-            '-t2',
-            '-c16',
-            f'-d{seconds}s',
-            f'http://127.0.0.1:{port}{PATH}',
-        ],
-        capture_output=True,
-        text=True,
-        check=True,
-        timeout=seconds + 30,
-    )
-    if 'Non-2xx' in done.stdout:
-        raise AssertionError(done.stdout)
-    return float(re.search(r'Requests/sec:\s+([\d.]+)', done.stdout)[1])
+        command = gunicorn_command(
+            port,
+            '--workers', '1',
+            '--worker-class', 'gthread',
+            '--threads', '4',
+            app='fastpath_apps:app_factory()',
+        )  # fmt: skip
+    return start_server(command, port, {'DBTUNE_BENCH_VARIANT': variant})
 
 
 def over_http(seconds, rounds):
@@ -197,12 +129,14 @@ def over_http(seconds, rounds):
             for _ in range(rounds):
                 for variant, (_, port) in running.items():
                     best[variant] = max(
-                        best[variant], requests_per_second(wrk, port, seconds)
+                        best[variant],
+                        requests_per_second(
+                            wrk, f'http://127.0.0.1:{port}{PATH}', seconds
+                        ),
                     )
         finally:
             for process, _ in running.values():
-                process.terminate()
-                process.wait(10)
+                stop_server(process)
         results[server] = best
     return results
 
@@ -231,14 +165,13 @@ def report_in_process(best):
 
 
 def report_http(results):
-    print('\nOver HTTP (wrk -t2 -c16), requests per second, best of rounds:')
-    print(f'{"what":42} ' + ' '.join(f'{s:>18}' for s in results))
-    for name in VARIANTS:
-        cells = ' '.join(
-            f'{r[name]:10.0f} ({r[name] / r["bare"]:5.2f})'
-            for r in results.values()
-        )
-        print(f'{NAMES[name]:42} {cells}')
+    print_rates(
+        '\nOver HTTP (wrk -t2 -c16), requests per second, best of rounds:',
+        {name: NAMES[name] for name in VARIANTS},
+        results,
+        'bare',
+        42,
+    )
     for server, r in results.items():
         gap = 1 - r['filter'] / r['bare']
         print(

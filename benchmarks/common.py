@@ -1,7 +1,15 @@
-"""What the benchmarks share: timing, and a scratch PostgreSQL schema."""
+"""What the benchmarks share: timing, a scratch PostgreSQL schema, and
+servers started on loopback (the tests start theirs with these too)."""
 
 import os
+import re
+import shutil
+import socket
+import subprocess
+import sys
+import tempfile
 import time
+from pathlib import Path
 
 import sqlalchemy as sa
 
@@ -47,6 +55,121 @@ def postgresql_scratch():
         admin.dispose()
 
     return url.render_as_string(hide_password=False), drop
+
+
+HERE = Path(__file__).parent
+
+
+def free_port():
+    with socket.socket() as s:
+        s.bind(('127.0.0.1', 0))
+        return s.getsockname()[1]
+
+
+def start_server(command, port, env=None, timeout=30):
+    """Run ``command`` with this folder on ``PYTHONPATH`` (so that servers
+    find the apps here); return the process once ``port`` accepts."""
+    env = {**os.environ, **(env or {})}
+    env['PYTHONPATH'] = os.pathsep.join(
+        filter(None, [str(HERE), env.get('PYTHONPATH')])
+    )
+    # A file, not a pipe: a server that logs under load fills a pipe that
+    # nobody reads, and stalls.
+    log = tempfile.TemporaryFile()  # noqa: SIM115 (lives with the server)
+    process = subprocess.Popen(
+        command, env=env, stdout=subprocess.DEVNULL, stderr=log
+    )
+    process.log = log
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            with socket.create_connection(('127.0.0.1', port), timeout=1):
+                return process
+        except OSError:
+            if process.poll() is not None:
+                log.seek(0)
+                raise RuntimeError(log.read().decode()) from None
+            time.sleep(0.1)
+    stop_server(process)
+    raise RuntimeError(f'{command[0]} did not start on port {port}')
+
+
+def stop_server(process):
+    process.terminate()
+    try:
+        process.wait(10)
+    except subprocess.TimeoutExpired:
+        process.kill()
+        process.wait(10)
+
+
+def gunicorn_command(port, *args, app='probe_app:app_factory()'):
+    """gunicorn with pyramid_dbtune's config module, then ``args``."""
+    from gunicorn.config import KNOWN_SETTINGS
+
+    # `python -m`, not the console script: under buildout it is not
+    # beside the interpreter.
+    command = [
+        sys.executable, '-m', 'gunicorn',
+        '-c', 'python:pyramid_dbtune.gunicorn',
+        '--bind', f'127.0.0.1:{port}',
+        '--log-level', 'warning',
+    ]  # fmt: skip
+    # Servers run side by side: none may take the one control socket.
+    if any(s.name == 'control_socket_disable' for s in KNOWN_SETTINGS):
+        command.append('--no-control-socket')
+    return [*command, *args, app]
+
+
+def ensure_wrk():
+    """The ``wrk`` HTTP load generator, installed with apt-get if missing."""
+    if shutil.which('wrk'):
+        return shutil.which('wrk')
+    print('wrk is missing: installing it with apt-get', file=sys.stderr)
+    for command in (
+        ['apt-get', 'update', '-qq'],
+        ['apt-get', 'install', '-y', '-qq', 'wrk'],
+    ):
+        subprocess.run(command, check=True, stdout=subprocess.DEVNULL)
+    return shutil.which('wrk')
+
+
+def requests_per_second(
+    wrk, url, seconds, threads=2, connections=16, headers=()
+):
+    """What ``wrk`` measures on ``url``; every answer must be a 2xx."""
+    extra = [arg for header in headers for arg in ('-H', header)]
+    done = subprocess.run(
+        [
+            wrk,
+            f'-t{threads}',
+            f'-c{connections}',
+            f'-d{seconds}s',
+            *extra,
+            url,
+        ],  # fmt: skip
+        capture_output=True,
+        text=True,
+        check=True,
+        timeout=seconds + 30,
+    )
+    if 'Non-2xx' in done.stdout:
+        raise AssertionError(done.stdout)
+    return float(re.search(r'Requests/sec:\s+([\d.]+)', done.stdout)[1])
+
+
+def print_rates(title, rows, columns, base, width):
+    """A table of requests per second: ``rows`` maps each row's key to
+    its label; ``columns`` maps a heading to {row key: rate}; each cell
+    also gives the rate's ratio to the ``base`` row's."""
+    print(title)
+    print(f'{"what":{width}} ' + ' '.join(f'{c:>18}' for c in columns))
+    for key, label in rows.items():
+        cells = ' '.join(
+            f'{r[key]:10.0f} ({r[key] / r[base]:5.2f})'
+            for r in columns.values()
+        )
+        print(f'{label:{width}} {cells}')
 
 
 def load_properties(url, count=20000):

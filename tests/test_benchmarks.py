@@ -66,3 +66,14 @@ def test_bench_overhead():
     for name in ('server_timing', 'stats + server_timing', 'profiler on'):
         assert name in out
     assert 'tween adds' in out and 'profiler adds' in out
+
+
+def test_threads_vs_processes(tmp_path):
+    # Starts four gunicorn servers; installs wrk when missing.
+    png = tmp_path / 'chart.png'
+    out = run('threads_vs_processes.py', '--png', str(png))
+    for config in ('1×1', '1×8', '2×1', '2×4'):
+        assert f'\n{config} ' in out
+    assert 'CPU-bound: 2×1 / 1×8 = ' in out
+    assert 'I/O-bound: 1×8 / 1×1 = ' in out
+    assert png.read_bytes().startswith(b'\x89PNG\r\n\x1a\n')

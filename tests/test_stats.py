@@ -469,9 +469,18 @@ def test_metrics_add_up_gunicorn_workers(tmp_path):
     with socket.socket() as s:
         s.bind(('127.0.0.1', 0))
         port = s.getsockname()[1]
-    gunicorn = os.path.join(os.path.dirname(sys.executable), 'gunicorn')
+    from gunicorn.config import KNOWN_SETTINGS
+
+    # No control socket: gunicorn's one socket would be shared with any
+    # other gunicorn running at the same time.
+    quiet = [
+        '--no-control-socket'
+        for s in KNOWN_SETTINGS
+        if s.name == 'control_socket_disable'
+    ]
     server = subprocess.Popen(
-        [gunicorn, '--workers', '2', '--bind', f'127.0.0.1:{port}',
+        [sys.executable, '-m', 'gunicorn', '--workers', '2',
+         '--bind', f'127.0.0.1:{port}', *quiet,
          '--chdir', str(tmp_path), 'statsapp:application'],
         env={**os.environ, 'PROMETHEUS_MULTIPROC_DIR': str(metrics_dir)},
         stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,

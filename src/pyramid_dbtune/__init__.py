@@ -9,7 +9,7 @@ from pathlib import Path
 from pyramid.exceptions import ConfigurationError
 from pyramid.path import AssetResolver
 
-from . import access, fastpath, zsql
+from . import access, fastpath, probes, zsql
 from . import settings as _settings
 from .cache import MAX_EXPIRY, make_cache
 from .errors import WriteInReadError, WriteSlotTimeout
@@ -177,7 +177,9 @@ def includeme(config):
     ``dbtune.fast_paths`` set, answers those paths before Pyramid builds a
     request (:mod:`pyramid_dbtune.fastpath`); with ``dbtune.server_timing``,
     ``dbtune.stats`` or ``dbtune.profile``, adds the timing tween and the
-    ``/_dbtune/`` views (:mod:`pyramid_dbtune.dashboard`).
+    ``/_dbtune/`` views (:mod:`pyramid_dbtune.dashboard`); with
+    ``dbtune.probes`` on, adds the probe views of
+    :mod:`pyramid_dbtune.probes`.
     """
     parsed = _settings.parse(config.get_settings())
     config.include('pyramid_tm')
@@ -193,6 +195,8 @@ def includeme(config):
         from . import dashboard
 
         dashboard.install(config, runtime)
+    if parsed.probes:
+        probes.install(config)
     # After every other action: overrides may only name registered methods,
     # and a permission needs the security policy the app sets up.
     config.action(None, _check_overrides, args=(runtime,), order=10)

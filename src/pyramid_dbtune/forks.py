@@ -3,13 +3,19 @@
 Objects that hold connections or locks register here; in a forked child
 each is told to start afresh (``after_fork()``): pooled connections are the
 parent's, and a lock another thread of the parent held at the fork stays
-held in the child for ever.
+held in the child for ever. It happens at every ``os.fork()``, whatever
+server forked; :func:`renew` may be called again (the gunicorn hooks do)
+and renews once per process.
 """
 
 import os
 import weakref
 
 _objects = weakref.WeakSet()
+#: The process whose connections and locks the registered objects hold.
+_owner = os.getpid()
+#: How many objects this process renewed after its fork.
+renewed = 0
 
 
 def renew_after_fork(obj):
@@ -17,9 +23,21 @@ def renew_after_fork(obj):
     _objects.add(obj)
 
 
-def _after_fork():  # pragma: no cover (runs in a forked child)
-    for obj in list(_objects):
+def renew():
+    """In a forked child, renew every registered object, once.
+
+    Returns how many objects were renewed by this call: 0 in the process
+    that made them, and when the child renewed them already.
+    """
+    global _owner, renewed
+    if os.getpid() == _owner:
+        return 0
+    _owner = os.getpid()
+    objects = list(_objects)
+    for obj in objects:
         obj.after_fork()
+    renewed = len(objects)
+    return renewed
 
 
-os.register_at_fork(after_in_child=_after_fork)
+os.register_at_fork(after_in_child=renew)

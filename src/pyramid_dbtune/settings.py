@@ -227,6 +227,7 @@ TABLE = (
     Setting('profile.sample', per_second, 100),
     Setting('stats.token', as_secret, None),
     Setting('stats.permission', as_name, None),
+    Setting('probes', as_bool, False),
 )
 
 #: Settings that mean something to the memcached backend alone.
@@ -275,6 +276,8 @@ class Settings:
     #: Lets a request into the ``/_dbtune/`` views (:mod:`.access`).
     stats_token: str | None = field(default=None, repr=False)
     stats_permission: str | None = None
+    #: ``dbtune.probes``: the probe views of :mod:`.probes` are on.
+    probes: bool = False
     #: ``dbtune.cache_time.<name>`` overrides, by SQL method name.
     cache_times: MappingProxyType = field(
         default_factory=lambda: MappingProxyType({})

@@ -1,0 +1,117 @@
+"""gunicorn settings and hooks for a pyramid_dbtune application.
+
+    gunicorn -c python:pyramid_dbtune.gunicorn --paste production.ini
+
+The defaults, derived from the host (command-line flags still win, as
+gunicorn applies them after the config file):
+
+* ``workers``: one per core this process may use
+  (``os.sched_getaffinity``), or ``WEB_CONCURRENCY`` when set. The GIL
+  lets one thread of a process run Python at a time, so CPU work scales
+  with processes, up to the cores.
+* ``threads``: :data:`THREADS_PER_WORKER` per worker (``worker_class =
+  gthread``), so that a worker keeps its core busy while some of its
+  requests wait on the database, memcached or the client.
+
+The hooks are what makes ``--preload`` safe, and are correct under any
+config: one of your own takes them with
+``from pyramid_dbtune.gunicorn import *`` (which imports the hooks alone),
+or calls them from hooks of its own.
+"""
+
+import os
+
+from . import forks, probes
+
+__all__ = ['post_fork', 'post_worker_init']
+
+#: Threads per worker in the default configuration.
+THREADS_PER_WORKER = 4
+
+
+def default_workers(environ=os.environ):
+    """``WEB_CONCURRENCY`` when set, else the cores this process may use."""
+    text = environ.get('WEB_CONCURRENCY', '').strip()
+    if not text:
+        return probes.usable_cores()
+    if not (text.isdigit() and int(text) > 0):
+        raise ValueError(
+            f'WEB_CONCURRENCY = {text!r} is not valid: expected a whole '
+            'number of worker processes above 0'
+        )
+    return int(text)
+
+
+workers = default_workers()
+threads = THREADS_PER_WORKER
+worker_class = 'gthread'
+
+
+def threads_of(cfg):
+    """Requests one worker of gunicorn config ``cfg`` serves at once."""
+    kind = cfg.worker_class_str
+    if kind == 'gthread' or kind.endswith('ThreadWorker'):
+        return cfg.threads
+    if kind == 'sync' or kind.endswith('SyncWorker'):
+        return 1
+    return cfg.worker_connections  # gevent, eventlet: green threads
+
+
+def post_fork(server, worker):
+    """In each worker, just after the fork.
+
+    Renews the pools, cache clients and locks the application opened in
+    the master (``--preload``): ``os.fork`` has done it already through
+    :func:`pyramid_dbtune.forks.renew`, which renews once per process, so
+    this is the same guarantee said where gunicorn users look for it.
+    Records the worker's configuration for the probe views.
+    """
+    forks.renew()
+    cfg = worker.cfg
+    probes.declare(
+        server='gunicorn',
+        workers=cfg.workers,
+        threads=threads_of(cfg),
+        worker_class=cfg.worker_class_str,
+    )
+
+
+def _dbtune_of(app):
+    """The ``registry.dbtune`` of a WSGI app, through its wrappers."""
+    for _ in range(8):
+        registry = getattr(app, 'registry', None)
+        if registry is not None:
+            return getattr(registry, 'dbtune', None)
+        app = getattr(app, 'app', None)
+    return None
+
+
+def post_worker_init(worker):
+    """In each worker, once it has the application.
+
+    Logs how many objects opened before the fork were renewed, and warns
+    when each thread cannot keep a read connection: a read pool smaller
+    than the worker's threads opens and closes connections under load.
+    """
+    forks.renew()
+    if forks.renewed:
+        worker.log.info(
+            'pyramid_dbtune: worker %s renewed %d pools, caches and locks '
+            'opened before the fork',
+            os.getpid(),
+            forks.renewed,
+        )
+    runtime = _dbtune_of(worker.wsgi)
+    count = threads_of(worker.cfg)
+    if runtime is not None and runtime.router is not None:
+        pool = runtime.settings.read_pool_size
+        if pool < count:
+            worker.log.warning(
+                'pyramid_dbtune: dbtune.read_pool_size = %d is below the '
+                '%d threads of this worker: reads beyond %d at once open '
+                'and close a connection each; set it to %d or more',
+                pool,
+                count,
+                pool,
+                count,
+            )

@@ -1,0 +1,160 @@
+"""The probe views: off by default, guarded, and each does its work."""
+
+import sys
+import types
+
+import pytest
+from pyramid.config import Configurator
+from pyramid.exceptions import ConfigurationError
+from webtest import TestApp
+
+from pyramid_dbtune import access, forks, probes
+
+from conftest import query_log
+
+TOKEN = 'a-probe-token-16-chars'
+ON = {'dbtune.probes': 'true', 'dbtune.stats.token': TOKEN}
+
+
+def make(url=None, **settings):
+    if url:
+        settings['dbtune.url'] = url
+    with Configurator(settings=settings) as config:
+        config.include('pyramid_dbtune')
+        app = config.make_wsgi_app()
+    return TestApp(app)
+
+
+def get(app, probe, status=200, **params):
+    return app.get(
+        f'/_dbtune/probe/{probe}',
+        params=params,
+        headers={access.HEADER: TOKEN},
+        status=status,
+    )
+
+
+@pytest.fixture(autouse=True)
+def nothing_declared(monkeypatch):
+    monkeypatch.setattr(probes, '_declared', {})
+
+
+def test_off_by_default_installs_nothing(sqlite_url):
+    app = make(sqlite_url, **{'dbtune.stats.token': TOKEN})
+    for probe in ('io', 'cpu', 'sql'):
+        get(app, probe, status=404)
+    assert app.app.routes_mapper is None  # no route at all
+    assert probes.METHOD not in app.app.registry.dbtune.methods
+    get(make(sqlite_url, **ON), 'io', ms='0')
+
+
+def test_on_needs_a_way_in():
+    with pytest.raises(ConfigurationError, match='dbtune.probes = true needs'):
+        make(**{'dbtune.probes': 'true'})
+
+
+def test_a_bad_value_is_named():
+    with pytest.raises(ConfigurationError) as info:
+        make(**{'dbtune.probes': 'maybe', 'dbtune.stats.token': TOKEN})
+    assert "dbtune.probes = 'maybe' is not valid: expected true or" in str(
+        info.value
+    )
+
+
+def test_io_probe_says_who_served():
+    app = make(**ON)
+    answer = get(app, 'io', ms='5').json
+    assert answer['probe'] == 'io' and answer['ms'] == 5
+    assert answer['pid'] > 0 and answer['thread'] > 0
+    claims = answer['claims']
+    assert claims['multithread'] is False  # WebTest's environ
+    assert claims['workers'] is None and claims['server'] is None
+    assert claims['cores'] >= 1
+    # Without the token there is nothing there.
+    app.get('/_dbtune/probe/io', status=404)
+
+
+def test_cpu_probe_uses_the_cpu_it_was_asked_for():
+    answer = get(make(**ON), 'cpu', ms='30').json
+    assert answer['cpu_seconds'] >= 0.03
+    assert answer['seconds'] >= answer['cpu_seconds'] * 0.9
+
+
+@pytest.mark.parametrize('ms', ['abc', '-1', '10001', '1.5', '٣'])
+def test_bad_milliseconds_are_a_400(ms):
+    response = get(make(**ON), 'io', status=400, ms=ms)
+    assert 'ms must be a whole number of milliseconds from 0 to 10000' in (
+        response.text
+    )
+
+
+def test_default_milliseconds():
+    assert get(make(**ON), 'io').json['ms'] == probes.DEFAULT_MS
+
+
+def test_sql_probe_reads_through_a_reader_uncached(db_url):
+    app = make(db_url, **ON)
+    log = query_log(app)
+    for _ in range(2):
+        answer = get(app, 'sql', ms='10').json
+        assert answer['rows'] == 1
+    dialect = app.app.registry.dbtune.router.dialect
+    waits = dialect in ('postgresql', 'mysql')
+    assert answer['db_wait'] is waits
+    # Never cached: both calls ran, on a reader.
+    word = {'postgresql': 'pg_sleep', 'mysql': 'SLEEP'}.get(dialect, '1')
+    assert log.count(word, 'reader0') == 2
+    assert log.count(word, 'writer') == 0
+    app.app.registry.dbtune.router.dispose()
+
+
+def test_no_database_no_sql_probe():
+    app = make(**ON)
+    get(app, 'sql', status=404)
+    get(app, 'io', ms='0')
+
+
+def test_probe_statements_by_dialect():
+    assert 'pg_sleep' in probes.probe_method('postgresql').sql
+    assert 'SLEEP' in probes.probe_method('mariadb').sql
+    assert probes.probe_method('oracle').sql.endswith('FROM dual')
+    assert probes.probe_method('sqlite').sql == 'SELECT 1 AS one'
+
+
+def test_declared_claims_and_mod_wsgi(monkeypatch):
+    environ = {'SERVER_SOFTWARE': 'x/1', 'wsgi.multiprocess': True}
+    probes.declare(server='gunicorn', workers=3, threads=4)
+    claims = probes.server_claims(environ)
+    assert claims['server'] == 'gunicorn'
+    assert (claims['workers'], claims['threads']) == (3, 4)
+    assert claims['multiprocess'] and not claims['multithread']
+    # Inside Apache, mod_wsgi's module says its daemon's counts.
+    module = types.ModuleType('mod_wsgi')
+    module.maximum_processes, module.threads_per_process = 5, 15
+    monkeypatch.setitem(sys.modules, 'mod_wsgi', module)
+    claims = probes.server_claims(environ)
+    assert (claims['server'], claims['workers'], claims['threads']) == (
+        'mod_wsgi',
+        5,
+        15,
+    )
+
+
+class Renewable:
+    def __init__(self):
+        self.renewed = 0
+
+    def after_fork(self):
+        self.renewed += 1
+
+
+def test_forks_renew_once_per_process(monkeypatch):
+    obj = Renewable()
+    monkeypatch.setattr(forks, '_objects', forks.weakref.WeakSet())
+    forks.renew_after_fork(obj)
+    assert forks.renew() == 0  # the process that made it
+    monkeypatch.setattr(forks, '_owner', -1)  # as in a forked child
+    monkeypatch.setattr(forks, 'renewed', 0)
+    assert forks.renew() == 1
+    assert forks.renew() == 0  # a hook calling it again
+    assert obj.renewed == 1 and forks.renewed == 1
