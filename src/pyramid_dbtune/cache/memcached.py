@@ -44,6 +44,8 @@ _SIGNATURE = 32  # bytes of HMAC-SHA256
 _EPOCH = '\0all'  # the generation that invalidating everything bumps
 _LOCK_TIME = 5  # seconds a fill lock lives, if its holder dies
 _MEMO_SIZE = 512
+#: How long a miss waits, then again, for another process's fill: 0.5 s.
+_WAITS = (0.001, 0.002, 0.004, 0.008, 0.016, *[0.025] * 18, 0.019)
 _FAILED = object()  # what a call that memcached failed returns
 
 
@@ -595,10 +597,11 @@ class MemcachedCache:
                 del self._inflight[name]
         return rows, MISS
 
-    def _wait_for(self, name, generations, tries=20, pause=0.025):
+    def _wait_for(self, name, generations, waits=_WAITS):
         """Rows another process stores under ``name`` for ``generations``
-        within about half a second, or None."""
-        for _ in range(tries):
+        within about half a second, or None. Asked again soon at first (a
+        fill mostly takes milliseconds), then less often."""
+        for pause in waits:
             time.sleep(pause)
             server = self._server(name)
             value = self._on(server, {}, 'fetch', [name]).get(name)
