@@ -6,7 +6,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 DEMO_INI := examples/accommodation/development.ini
 
-.PHONY: demo test lint format docs buildout bench-cache bench-fastpath bench-rwsplit bench-memcached bench-overhead bench-threads clean
+.PHONY: demo test lint format docs buildout bench-cache bench-fastpath bench-rwsplit bench-memcached bench-overhead bench-threads bench clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -63,6 +63,13 @@ bench-memcached: $(VENV)/.testing
 
 bench-overhead: $(VENV)/.testing
 	$(BIN)/python benchmarks/bench_overhead.py
+
+# The headline figure: the accommodation site before and after, on the
+# PostgreSQL server of DBTUNE_TEST_POSTGRESQL; installs wrk and memcached
+# when missing, and saves the chart to docs/_static/headline.png.
+bench: $(VENV)/.testing
+	bash .ci/memcached.sh
+	$(BIN)/python benchmarks/headline.py
 
 # Starts gunicorn servers on loopback; installs wrk when missing.
 bench-threads: $(VENV)/.testing

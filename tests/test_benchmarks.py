@@ -1,6 +1,7 @@
 """The benchmarks still run. They assert nothing about time: figures come
 from running them, and are printed, never tested."""
 
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -76,4 +77,17 @@ def test_threads_vs_processes(tmp_path):
         assert f'\n{config} ' in out
     assert 'CPU-bound: 2×1 / 1×8 = ' in out
     assert 'I/O-bound: 1×8 / 1×1 = ' in out
+    assert png.read_bytes().startswith(b'\x89PNG\r\n\x1a\n')
+
+
+def test_headline(tmp_path):
+    # PostgreSQL, memcached, waitress, gunicorn and wrk, one second each;
+    # exits non-zero if any request failed or a search was stale.
+    png = tmp_path / 'headline.png'
+    out = run('headline.py', '--chart', str(png))
+    for form in ('baseline', 'tuned'):
+        for concurrency in (1, 8, 32):
+            assert re.search(rf'^{form} +{concurrency} ', out, re.M)
+        assert f'{form} checker: ' in out
+    assert 'tuned / baseline:' in out and 'At concurrency 32' in out
     assert png.read_bytes().startswith(b'\x89PNG\r\n\x1a\n')

@@ -143,6 +143,18 @@ def property_detail(request):
     return rows[0]._asdict()
 
 
+def update_params(request):
+    """The new rent and availability date from the form; 400 if bad."""
+    try:
+        rent = int(request.POST['rent'])
+        available = datetime.date.fromisoformat(
+            request.POST['available']
+        ).isoformat()
+    except (KeyError, ValueError) as exc:
+        raise HTTPBadRequest(f'bad update: {exc}') from None
+    return rent, available
+
+
 @view_config(
     route_name='admin_property', request_method='POST', renderer='json'
 )
@@ -152,13 +164,7 @@ def admin_update(request):
     if not token or request.headers.get('X-Admin-Token') != token:
         raise HTTPForbidden()
     id = int(request.matchdict['id'])
-    try:
-        rent = int(request.POST['rent'])
-        available = datetime.date.fromisoformat(
-            request.POST['available']
-        ).isoformat()
-    except (KeyError, ValueError) as exc:
-        raise HTTPBadRequest(f'bad update: {exc}') from None
+    rent, available = update_params(request)
     result = request.sql.update_property(id=id, rent=rent, available=available)
     if not result.rowcount:
         raise HTTPNotFound()
