@@ -570,7 +570,9 @@ def test_the_reader_reads_a_reply_in_pieces(memcached, stored):
         ),  # fmt: skip
         (lambda data: [data[:5]], 'did not answer in time'),  # cut short
         (lambda data: [data[:5], b''], 'closed the connection mid-reply'),
-        (lambda data: [], 'closed the connection'),
+        # A hang-up reads as a close, or as a reset when the proxy's end
+        # still held unread bytes: either way, asked once more.
+        (lambda data: [], 'closed the connection|reset by peer'),
         (
             lambda data: [b'SERVER_ERROR out of memory\r\n'],
             'SERVER_ERROR out of memory',
@@ -595,7 +597,9 @@ def test_a_damaged_reply_closes_the_connection(
         reader.fetch(['small'])
     assert reader.sock is None
     # Asked again only when the connection closed before any reply came.
-    assert len(asked) == (2 if message == 'closed the connection' else 1)
+    assert len(asked) == (
+        2 if message.startswith('closed the connection|') else 1
+    )
     proxy.cut()
 
 
