@@ -69,7 +69,7 @@ bench-overhead: $(VENV)/.testing
 # when missing, and saves the chart to docs/_static/headline.png.
 bench: $(VENV)/.testing
 	bash .ci/memcached.sh
-	$(BIN)/python benchmarks/headline.py
+	$(BIN)/python benchmarks/headline.py --chart docs/_static/headline.png
 
 # Starts gunicorn servers on loopback; installs wrk when missing.
 bench-threads: $(VENV)/.testing

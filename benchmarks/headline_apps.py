@@ -12,10 +12,11 @@ pyramid_dbtune set up as its docs advise: cached SQL methods in
 memcached, searches that may lag an update by their cache time, a read
 pool apart from the writer, and the health check on the fast path.
 
-Servers load them as ``headline_apps:baseline_app`` (waitress ``--call``)
-and ``headline_apps:tuned_app()`` (gunicorn); the database URL and the
-memcached address come from the environment (``DBTUNE_HEADLINE_URL``,
-``DBTUNE_HEADLINE_MEMCACHED``).
+Servers load them as ``headline_apps:baseline_app`` (waitress ``--call``),
+``headline_apps:baseline_app()`` and ``headline_apps:tuned_app()``
+(gunicorn); the database URL, the memcached address and the searches'
+cache time come from the environment (``DBTUNE_HEADLINE_URL``,
+``DBTUNE_HEADLINE_MEMCACHED``, ``DBTUNE_HEADLINE_SEARCH_CACHE_TIME``).
 """
 
 import os
@@ -37,6 +38,10 @@ SECRET = 'the headline benchmark secret, not for production'
 
 def url():
     return os.environ['DBTUNE_HEADLINE_URL']
+
+
+def search_cache_time():
+    return os.environ.get('DBTUNE_HEADLINE_SEARCH_CACHE_TIME', '30')
 
 
 # The baseline: models, a session per request, views.
@@ -133,7 +138,12 @@ def baseline_health(request):
 
 
 def baseline_app(global_config=None, **settings):
-    settings = {'sqlalchemy.url': url(), 'tm.attempts': '3', **settings}
+    settings = {
+        'sqlalchemy.url': url(),
+        'retry.attempts': '3',
+        'tm.manager_hook': 'pyramid_tm.explicit_manager',
+        **settings,
+    }
     with Configurator(settings=settings) as config:
         config.include('pyramid_tm')
         config.include('pyramid_retry')
@@ -182,6 +192,10 @@ def tuned_app(global_config=None, **settings):
             'dbtune.invalidate.search_properties': 'false',
             'dbtune.invalidate.count_properties': 'false',
             'dbtune.invalidate.list_areas': 'false',
+            # headline.py --quick cuts the searches' cache time, so that its
+            # checker can catch a stale search within a short run.
+            'dbtune.cache_time.search_properties': search_cache_time(),
+            'dbtune.cache_time.count_properties': search_cache_time(),
             'accommodation.admin_token': ADMIN_TOKEN,
             **settings,
         },

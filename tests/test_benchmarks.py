@@ -80,14 +80,20 @@ def test_threads_vs_processes(tmp_path):
     assert png.read_bytes().startswith(b'\x89PNG\r\n\x1a\n')
 
 
-def test_headline(tmp_path):
-    # PostgreSQL, memcached, waitress, gunicorn and wrk, one second each;
-    # exits non-zero if any request failed or a search was stale.
+def test_headline(tmp_path, postgresql_url):
+    # PostgreSQL (the fixture skips, or under CI fails, without it),
+    # memcached, waitress, gunicorn and wrk, one second a run; exits 1 if
+    # any request failed or a search was staler than its (cut) cache time.
     png = tmp_path / 'headline.png'
     out = run('headline.py', '--chart', str(png))
-    for form in ('baseline', 'tuned'):
+    for form in ('baseline', 'baseline-gunicorn', 'tuned'):
         for concurrency in (1, 8, 32):
             assert re.search(rf'^{form} +{concurrency} ', out, re.M)
-        assert f'{form} checker: ' in out
+        assert re.search(
+            rf'^{form} checks: .* 0 stale, 0 missing .* 0 failed requests$',
+            out,
+            re.M,
+        )
     assert 'tuned / baseline:' in out and 'At concurrency 32' in out
+    assert 'every check passed' in out
     assert png.read_bytes().startswith(b'\x89PNG\r\n\x1a\n')
