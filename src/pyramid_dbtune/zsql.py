@@ -4,13 +4,15 @@ A ``.zsql`` file is a ``<dtml-comment>`` header (``connection_id``,
 ``arguments``, ``max_rows``, ``max_cache``, ``cache_time``) and a statement
 written with DTML's SQL tags. Every value the tags insert becomes a bound
 parameter: nothing a caller passes is ever formatted into the statement's
-text, whatever the tag (``<dtml-var name sql_quote>`` included).
+text, whatever the tag (``'<dtml-var name sql_quote>'`` included). A
+tag where a database would not read a parameter (a comment, a quoted
+name) is an error when the file loads, and each text rendered is checked
+as PostgreSQL and MySQL read it (:func:`.analysis.hidden_parameters`).
 
 Optional tests, ``<dtml-sqlgroup>`` and ``<dtml-if>`` make the statement's
 text depend on which arguments are given. A :class:`ZSQLMethod` renders
-that text on each call that reaches the database and keeps one compiled
-statement per text. Its cache key is every declared argument's value, an
-argument not given included (as :data:`ABSENT`), so two calls that render
+that text on each call and keeps one compiled statement per text. Its
+cache key is the text and the values bound, so two calls that run
 different statements never share cached rows.
 
 A tag, an attribute or a form (a Python expression) that this module does
@@ -40,7 +42,7 @@ from .sqlmethod import (
 
 
 class _Absent:
-    """The value of an argument that was not given (in cache keys)."""
+    """The value of an argument that was not given."""
 
     _instance = None
 
@@ -56,7 +58,8 @@ class _Absent:
         return (_Absent, ())
 
 
-#: Stands for an argument not given, in a ZSQL method's cache key.
+#: Stands for an argument not given (and with no default): a
+#: ``<dtml-if>`` of it is false, a tag that needs it a :class:`TypeError`.
 ABSENT = _Absent()
 
 #: The value types of ``<dtml-sqlvar>`` and ``<dtml-sqltest>``.
