@@ -2,6 +2,7 @@
 
 import pytest
 
+from pyramid_dbtune import analysis
 from pyramid_dbtune.analysis import ANY_TABLE, analyse, in_parameters
 
 
@@ -95,3 +96,35 @@ def test_in_parameters():
     sql = 'SELECT * FROM t WHERE id IN :ids AND x = ANY(:arr) AND y in:z'
     assert in_parameters(sql) == {'ids'}
     assert in_parameters("SELECT ':x' WHERE a IN (:b)") == set()
+
+
+@pytest.mark.parametrize(
+    'sql, hidden',
+    [
+        ('SELECT :a, :b', {}),
+        ('SELECT t_:a, :b::date, (:b)', {'a': None}),
+        ("SELECT ':a', :b", {'a': 'PostgreSQL or SQLite'}),
+        ('SELECT 1 /* :a */, :b', {'a': 'PostgreSQL or SQLite'}),
+        ('SELECT 1 /* /* */ :a */, :b', {'a': 'PostgreSQL or SQLite'}),
+        ('SELECT 1 /* /* :a', {'a': 'PostgreSQL or SQLite'}),
+        ('SELECT 1 # :a', {'a': 'MySQL'}),
+        ('SELECT 1 --:a', {'a': 'PostgreSQL or SQLite'}),
+        ("SELECT 1 --'\n, :a --'", {'a': 'MySQL'}),
+        ('SELECT ":a", :b', {'a': 'PostgreSQL or SQLite'}),
+        ('SELECT `:a` + 1, :b', {'a': 'MySQL'}),
+        ("SELECT 'it\\', :a, ''", {'a': 'MySQL'}),
+        ("SELECT 'x\\' :a '", {'a': 'MySQL'}),
+        ("SELECT E'x\\' :a '", {'a': 'PostgreSQL or SQLite'}),
+        ("SELECT \"x\\\" :a \"", {'a': 'MySQL'}),
+        ("SELECT \"x\\\" :a \" \"", {'a': 'MySQL'}),
+        ('SELECT $$ :a $$, $q$ :b $q$, :b', {'a': 'PostgreSQL or SQLite',
+                                            'b': 'PostgreSQL or SQLite'}),
+        ("SELECT $$ ' $$, :a, $$ ' $$", {'a': 'MySQL'}),
+        ('SELECT /*! :a */ :b', {'a': 'PostgreSQL or SQLite'}),
+        ('SELECT /*!50100 :a */ :b /* :c', {'a': 'PostgreSQL or SQLite',
+                                           'c': 'PostgreSQL or SQLite'}),
+    ],
+)  # fmt: skip
+def test_hidden_parameters(sql, hidden):
+    names = {n for n in 'abc' if f':{n}' in sql}
+    assert analysis.hidden_parameters(sql + ' :other', names) == hidden

@@ -109,3 +109,51 @@ def test_a_file_and_a_directory_from_zcml(tmp_path):
     assert set(methods) == {'one', 'uno'}
     assert methods['uno'][0].tables == {'t'} and methods['uno'][1] == 2
     app.app.registry.dbtune.router.dispose()
+
+
+@pytest.mark.parametrize('tables', ['', ' , '])
+def test_tables_naming_no_table_is_refused(tmp_path, tables):
+    path = write_zcml(
+        tmp_path,
+        f'<dbtune:sqlmethod name="x" sql="SELECT 1" tables="{tables}" />',
+    )
+    with pytest.raises(ZCMLError) as info:
+        zcml_app('sqlite://', path, tables=False)
+    assert f'File "{path}", line 5.' in str(info.value)
+    assert f'tables={tables!r} names no table' in str(info.value)
+
+
+def test_invalidate_and_a_zsql_header_that_says_it(tmp_path):
+    (tmp_path / 'sql').mkdir()
+    (tmp_path / 'sql' / 'Rents.ZSQL').write_text(
+        '<dtml-comment>\ninvalidate: no\ncache_time: 9\n</dtml-comment>\n'
+        'SELECT rent FROM property\n'
+    )
+    path = write_zcml(
+        tmp_path,
+        '<dbtune:sqlmethods directory="sql" />\n'
+        '  <dbtune:sqlmethod name="fresh" sql="SELECT rent FROM property" '
+        'invalidate="true" />\n'
+        '  <dbtune:sqlmethod name="fast" sql="SELECT rent FROM property" '
+        'invalidate="false" />',
+    )
+    app = zcml_app('sqlite://', path, tables=False)
+    methods = app.app.registry.dbtune.methods
+    assert set(methods) == {'one', 'Rents', 'fresh', 'fast'}
+    assert methods['Rents'][0].invalidate is False
+    assert methods['Rents'][3] == frozenset() == methods['fast'][3]
+    assert methods['fresh'][3] == {'property'}
+    app.app.registry.dbtune.router.dispose()
+
+
+def test_the_zcml_include_after_the_python_include(tmp_path):
+    path = write_zcml(tmp_path, '<dbtune:sqlmethods directory="sql" />')
+    with Configurator(settings={'dbtune.url': 'sqlite://'}) as config:
+        config.include('pyramid_dbtune')
+        runtime = config.registry.dbtune
+        config.include('pyramid_zcml')
+        config.load_zcml(str(path))
+        app = config.make_wsgi_app()
+    # Set up once: the runtime is the first one, the method is on it.
+    assert app.registry.dbtune is runtime and set(runtime.methods) == {'one'}
+    runtime.router.dispose()

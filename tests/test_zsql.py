@@ -1,6 +1,8 @@
 """Zope's .zsql files: loaded from a Zope-style layout, each method checked
 against hand-written SQL on real databases; values always bound."""
 
+import datetime
+import decimal
 from pathlib import Path
 
 import pytest
@@ -9,6 +11,7 @@ from pyramid.config import Configurator
 from pyramid.exceptions import ConfigurationError
 
 from pyramid_dbtune import SQLFileError, ZSQLMethod
+from pyramid_dbtune.analysis import ANY_TABLE
 from pyramid_dbtune.zsql import ABSENT, load_file, load_zsql_file
 
 from conftest import call, create_tables, query_log
@@ -165,7 +168,9 @@ def test_an_unsupported_tag_names_file_line_and_tag(tmp_path):
         ('', 'SELECT 1<dtml-var sql_delimiter>SELECT 2',
          ':1: <dtml-var sql_delimiter>: write one statement per method'),
         ('arguments: a', 'SELECT "<dtml-var a sql_quote>"',
-         'inside double quotes: quote it with single quotes'),
+         ':4: <dtml-var> inside double quotes (a name in standard SQL, a '
+         'string in MySQL), where a value would not be a bound parameter; '
+         'quote it with single quotes'),
         ('arguments: a', "SELECT '<dtml-sqlvar a type=int>'",
          ":4: <dtml-sqlvar> inside a quoted literal is not supported"),
         ('arguments: a', "SELECT 'x</dtml-if>'",
@@ -354,18 +359,18 @@ def test_if_elif_else():
 def test_literals_and_colons():
     method = zsql(
         "SELECT 'it''s <dtml-var a sql_quote>!' AS x, '10:30' AS t, "
-        "'<dtml-var a sql_quote><dtml-var b sql_quote>' AS y, "
-        "<dtml-var a sql_quote> AS z -- don't, :b"
+        "'<dtml-var a sql_quote><dtml-var b sql_quote>' AS y "
+        "-- don't, :b"
     )
     text, binds = render(method, a="o'k", b=2)
-    assert binds == {'a': "it's o'k!", 'a_2': "o'k2", 'a_3': "o'k"}
-    assert ":a AS x, '10:30' AS t, :a_2 AS y, :a_3 AS z" in text
+    assert binds == {'a': "it's o'k!", 'a_2': "o'k2"}
+    assert ":a AS x, '10:30' AS t, :a_2 AS y" in text
     with pytest.raises(TypeError, match="'b' is missing"):
         method.bind({'a': 1})
     with pytest.raises(TypeError, match="'a' is missing"):
-        zsql('SELECT <dtml-var a sql_quote>').bind({})
+        zsql("SELECT '<dtml-var a sql_quote>'").bind({})
     with pytest.raises(ValueError, match="'a' cannot be bound"):
-        zsql('SELECT <dtml-var a sql_quote>').bind({'a': object()})
+        zsql("SELECT '<dtml-var a sql_quote>'").bind({'a': object()})
     plain = zsql("SELECT 'no tags', :b", arguments=['b'])
     assert plain.params == ('b',) and str(plain.bind({})[0]).endswith(':b')
 
@@ -376,8 +381,13 @@ def test_statements_are_kept_per_shape():
     first = method.bind({'a': [1, 2]})[0]
     assert method.bind({'a': [3, 4, 5]})[0] is first
     assert method.bind({})[0] is not first
-    assert method.values({}) == (ABSENT, ABSENT)
-    assert method.values({'b': 1}) == (ABSENT, 1)
+    # The key: the text rendered, and the values bound.
+    assert method.values({}) == ('SELECT 1',)
+    assert method.values({'b': 1}) == ('SELECT 1',)
+    assert method.values({'a': ['1', 2.0]}) == (
+        'SELECT 1 WHERE\na IN \0a\0',
+        [1, 2],
+    )
     with pytest.raises(TypeError, match="unexpected argument 'c'"):
         method.values({'c': 1})
 
@@ -419,3 +429,319 @@ def test_check_names_allows_any_subset():
     method.check_names({}) and method.check_names({'a': 1, 'b': 2})
     with pytest.raises(TypeError, match="unexpected argument 'c'; it takes"):
         method.check_names({'c': 1})
+
+
+# Templates where a value would land inside what a database reads as a
+# comment, a string or a name: PyMySQL fills parameters in itself, so the
+# value's text would become SQL. Each is refused when it loads.
+REFUSED = [
+    ("SELECT 1 /* AND a = <dtml-sqlvar a type=nb> */",
+     ':1: <dtml-sqlvar> inside a /* */ comment'),
+    ('SELECT 1\n-- AND a = <dtml-sqlvar a type=nb>',
+     ':2: <dtml-sqlvar> inside a -- comment'),
+    ('SELECT 1 # AND a = <dtml-sqlvar a type=nb>',
+     ':1: <dtml-sqlvar> inside a # comment'),
+    ("SELECT 1 # the user's rows\nWHERE a = '<dtml-var a sql_quote>'",
+     ":1: ' after # on a line: MySQL reads # as a comment"),
+    ('SELECT 1 WHERE a LIKE "%<dtml-var a sql_quote>%"',
+     ':1: <dtml-var> inside double quotes'),
+    ('SELECT `<dtml-sqlvar a type=nb>`', ':1: <dtml-sqlvar> inside '
+     'backquotes'),
+    ('SELECT $$<dtml-sqlvar a type=nb>$$', ':1: <dtml-sqlvar> inside a '
+     'dollar-quoted string'),
+    ('SELECT $q$ x <dtml-var a sql_quote> $q$', ':1: <dtml-var> inside a '
+     'dollar-quoted string'),
+    ("SELECT 1 WHERE b <> 'it\\'s' AND a = '<dtml-var a sql_quote>'",
+     ':1: a backslash before a quote inside a quoted literal'),
+    ("SELECT 'x\\' AND a = <dtml-sqlvar a type=nb> -- '",
+     ':1: a backslash before a quote'),
+    ("SELECT E'it\\'s' /* don't */, '<dtml-var a sql_quote>'",
+     ':1: a backslash before a quote'),
+    ('SELECT "a\\"", <dtml-sqlvar a type=nb>', ':1: a backslash before a " '
+     'inside double quotes'),
+    ('SELECT 1 /* a /* b */ <dtml-sqlvar a type=nb> */', ':1: /* inside '
+     'a /* */ comment: PostgreSQL nests comments'),
+    ('SELECT 1 /*! , <dtml-sqlvar a type=nb> */', ":1: MySQL's executable "
+     'comments'),
+    ('SELECT 1 /* open', ':1: /* ... is not closed'),
+    ('SELECT "open', ':1: " ... is not closed'),
+    ('SELECT $$ open', ':1: $$ ... is not closed'),
+    ("SELECT N'<dtml-var a sql_quote>'", ":1: a prefixed literal (N'...')"),
+    ("SELECT E'%<dtml-var a sql_quote>'", ":1: a prefixed literal (E'...')"),
+    # Found in the rendered text: glued to a name; or a string as MySQL
+    # reads it (-- needs a space after it there; $$ is not a quote).
+    ('SELECT t_<dtml-sqlvar a type=int>', ':1: <dtml-sqlvar a type=int>: '
+     'the value would not be a bound parameter, glued to the text before '
+     'it'),
+    ("SELECT 1 --'\n, <dtml-sqlvar a type=nb> --'", ':2: <dtml-sqlvar a '
+     'type=nb>: the value would not be a bound parameter, inside a string, '
+     'a quoted name or a comment as MySQL reads the statement'),
+    ("SELECT $$ ' $$, <dtml-sqlvar a type=nb>, $$ ' $$", ':1: '
+     '<dtml-sqlvar a type=nb>: the value would not be a bound parameter, '
+     'inside a string, a quoted name or a comment as MySQL reads'),
+    ('<dtml-if a>SELECT 1<dtml-else>SELECT 2 --\'\n</dtml-if>, '
+     '<dtml-sqlvar a type=nb> --\'', ':2: <dtml-sqlvar a type=nb>: the '
+     'value would not be a bound parameter, inside a string'),
+    # Zope formatted it in as text: bound, it is a string.
+    ('SELECT 1 ORDER BY <dtml-var a sql_quote>', ':1: <dtml-var a '
+     'sql_quote> outside quotes is not supported'),
+    ('SELECT <dtml-sqlvar a type=int><dtml-var b sql_quote>', ':1: '
+     '<dtml-var b sql_quote> outside quotes'),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize('template, message', REFUSED)
+def test_a_value_that_would_not_be_bound_is_refused(template, message):
+    with pytest.raises(SQLFileError) as info:
+        zsql(template)
+    assert str(info.value).startswith(f'<ZSQL method m>{message}')
+
+
+def test_a_text_rendered_first_on_a_call_is_checked_then():
+    # Seven <dtml-if>s render 128 texts, more than are read at load: the
+    # one that hides the value, from MySQL, is refused on its first call.
+    ifs = ''.join(f'<dtml-if b> {n}</dtml-if>' for n in range(6))
+    method = zsql(
+        f"SELECT <dtml-if a>1<dtml-else>2 --'\n</dtml-if>{ifs}, "
+        "<dtml-sqlvar b type=nb> --'"
+    )
+    assert method.tables == {ANY_TABLE} and not method.writes
+    assert render(method, a=1, b='x')[1] == {'b': 'x'}
+    with pytest.raises(ValueError) as info:
+        method.bind({'b': 'x'})
+    assert str(info.value).startswith(
+        '<ZSQL method m>:2: <dtml-sqlvar b type=nb>: the value would not be '
+        'a bound parameter, inside a string, a quoted name or a comment as '
+        'MySQL reads the statement'
+    )
+    assert not isinstance(info.value, SQLFileError)
+    write = zsql(f'UPDATE t SET x = 1 {ifs}<dtml-if a>, y = 2</dtml-if>')
+    assert write.writes and write.tables is None
+
+
+def test_the_scanner_reads_comments_names_and_dollar_quotes():
+    method = zsql(
+        "SELECT 1 AS \"it's\", `b`, $$ don't $$, $t$ ' $t$ -- it's\n"
+        "/* that's */ # it is\n"
+        "WHERE a = '<dtml-var a sql_quote>' AND x = '\\\\n'"
+    )
+    text, binds = render(method, a="o'k")
+    assert binds == {'a': "o'k"}
+    assert text.endswith("WHERE a = :a AND x = '\\\\n'")
+
+
+def test_a_value_glued_to_text_is_put_in_parentheses():
+    method = zsql(
+        'SELECT <dtml-sqlvar a type=string>::date, '
+        "'<dtml-var a sql_quote>'::date, x[<dtml-sqlvar b type=int>:"
+        '<dtml-sqlvar b type=int>], <dtml-sqlvar a type=nb>x, '
+        'CAST(<dtml-sqlvar a type=string> AS date) '
+        'LIMIT <dtml-sqlvar b type=int>'
+    )
+    text, binds = render(method, a='2024-01-02', b=2)
+    assert text == (
+        'SELECT (:a)::date, (:a_2)::date, x[(:b):(:b_2)], (:a_3)x, '
+        'CAST(:a_4 AS date) LIMIT :b_3'
+    )
+    assert sa.text(text).compile().params.keys() == binds.keys()
+
+
+def test_pg_casts_and_slices_of_bound_values(postgresql_url):
+    method = zsql(
+        'SELECT <dtml-sqlvar a type=string>::date AS d, '
+        "'<dtml-var a sql_quote>'::date AS e, "
+        '(ARRAY[1, 2, 3, 4])[<dtml-sqlvar b type=int>:'
+        '<dtml-sqlvar b type=int> + 1] AS s, '
+        'CAST(<dtml-sqlvar a type=string> AS date) AS c'
+    )
+    engine = sa.create_engine(postgresql_url)
+    try:
+        with engine.connect() as connection:
+            row = connection.execute(*method.bind({'a': '2024-01-02', 'b': 2}))
+            day = datetime.date(2024, 1, 2)
+            assert list(row.one()) == [day, day, [2, 3], day]
+    finally:
+        engine.dispose()
+
+
+def mysql_modes(url):
+    """Engines on ``url``: as it is, and, for MySQL, each sql_mode that
+    changes how strings are read."""
+    yield sa.create_engine(url)
+    if url.startswith('mysql'):
+        for mode in ('NO_BACKSLASH_ESCAPES', 'ANSI_QUOTES'):
+            engine = sa.create_engine(url)
+
+            @sa.event.listens_for(engine, 'connect')
+            def _mode(dbapi, record, mode=mode):
+                cursor = dbapi.cursor()
+                cursor.execute(f"SET SESSION sql_mode = '{mode}'")
+                cursor.close()
+
+            yield engine
+
+
+#: (safe template, hostile arguments): the value is data, and finds no row.
+HOSTILE = [
+    ('SELECT name FROM users WHERE name = <dtml-sqlvar n type=nb> '
+     '/* the name */', {'n': '*/ OR 1=1 /*'}),
+    ("SELECT name FROM users WHERE name LIKE '%<dtml-var n sql_quote>%'",
+     {'n': 'zzz" OR 1=1 OR "'}),
+    ("SELECT name FROM users WHERE name LIKE '%<dtml-var n sql_quote>%'",
+     {'n': "zzz' OR 1=1 OR '"}),
+    ("SELECT name FROM users -- the user's rows\n"
+     "WHERE name = '<dtml-var n sql_quote>' /* that's it */",
+     {'n': ' OR 1=1 OR '}),
+    ("SELECT name FROM users WHERE note <> 'it''s' AND "
+     "name = '<dtml-var n sql_quote>'", {'n': "\\' OR 1=1 -- "}),
+    ('SELECT name FROM users <dtml-sqlgroup where>'
+     '<dtml-sqltest n column=name type=nb optional> -- why\n<dtml-or>'
+     '<dtml-sqltest m column=name type=nb multiple optional>'
+     '</dtml-sqlgroup>', {'n': "x' OR 1=1 -- ", 'm': ['y', '*/']}),
+]  # fmt: skip
+
+
+def test_hostile_values_are_data_on_each_server(server_url):
+    """Each vector's refused template, written as it should be: on
+    PostgreSQL and MariaDB (each string mode), the value finds no row."""
+    for engine in mysql_modes(server_url):
+        try:
+            with engine.begin() as connection:
+                connection.execute(
+                    sa.text(
+                        'CREATE TABLE IF NOT EXISTS users '
+                        '(name VARCHAR(40), note VARCHAR(40))'
+                    )
+                )
+                connection.execute(sa.text('DELETE FROM users'))
+                connection.execute(
+                    sa.text("INSERT INTO users VALUES ('alice', 'x')")
+                )
+            for template, args in HOSTILE:
+                method = ZSQLMethod('m', template, arguments='n m')
+                with engine.connect() as connection:
+                    rows = connection.execute(*method.bind(args)).all()
+                assert rows == [], (template, args)
+        finally:
+            engine.dispose()
+
+
+def test_a_comment_in_a_group_part_ends_with_its_line(server_url):
+    method = ZSQLMethod(
+        'm',
+        'SELECT id FROM doc\n'
+        '<dtml-sqlgroup where>\n'
+        '  <dtml-sqltest area type=nb optional>   -- the area searched\n'
+        '<dtml-and>\n'
+        "  <dtml-sqltest owner type=int>          -- the caller's rows\n"
+        '</dtml-sqlgroup> ORDER BY id',
+        arguments='owner area',
+    )
+    engine = sa.create_engine(server_url)
+    try:
+        with engine.begin() as connection:
+            connection.execute(
+                sa.text('CREATE TABLE doc (id INT, owner INT, area CHAR(9))')
+            )
+            connection.execute(
+                sa.text(
+                    "INSERT INTO doc VALUES (1, 1, 'Leeds'), (2, 2, 'Leeds'),"
+                    " (3, 2, 'York')"
+                )
+            )
+        with engine.connect() as connection:
+            for args, want in [
+                ({'owner': 1, 'area': 'Leeds'}, [1]),
+                ({'owner': 2}, [2, 3]),
+                ({'owner': 2, 'area': 'York'}, [3]),
+            ]:
+                rows = connection.execute(*method.bind(args))
+                assert [r.id for r in rows] == want
+    finally:
+        engine.dispose()
+
+
+def test_each_if_branch_is_read_for_tables(sqlite_url, apps):
+    engine = sa.create_engine(sqlite_url)
+    with engine.begin() as connection:
+        for table in ('orders', 'orders_archive'):
+            connection.execute(
+                sa.text(f'CREATE TABLE {table} (id INT, total INT)')
+            )
+        connection.execute(sa.text('INSERT INTO orders VALUES (1, 10)'))
+    engine.dispose()
+    read = zsql(
+        'SELECT id, total FROM <dtml-if a>orders_archive<dtml-else>orders'
+        '</dtml-if> <dtml-if b>WHERE id > 0</dtml-if> ORDER BY id',
+        cache_time=300,
+    )
+    assert read.tables == {'orders', 'orders_archive'}
+    write = {
+        'name': 'set_total',
+        'sql': 'UPDATE orders SET total = :total WHERE id = :id',
+    }
+    app = apps(sqlite_url, [read, write], tables=False)
+    assert call(app, ('m', {}))['results'][0]['rows'] == [[1, 10]]
+    call(app, ('set_total', {'id': 1, 'total': 99}))
+    again = call(app, ('m', {}))
+    assert again['results'][0]['rows'] == [[1, 99]]
+    assert again['cache']['miss'] == 1
+
+
+def test_calls_that_bind_different_values_do_not_share_rows(sqlite_url, apps):
+    method = zsql(
+        "SELECT <dtml-sqlvar a type=string> AS a, 'x<dtml-var a sql_quote>'"
+        ' AS b, <dtml-sqlvar b type=int optional> AS c',
+        cache_time=60,
+    )
+    utc = datetime.datetime(2024, 1, 1, 12, tzinfo=datetime.timezone.utc)
+    cet = utc.astimezone(datetime.timezone(datetime.timedelta(hours=1)))
+    args = [
+        {'a': decimal.Decimal('1.0')}, {'a': decimal.Decimal('1')},
+        {'a': 0.0}, {'a': -0.0}, {'a': utc}, {'a': cet},
+    ]  # fmt: skip
+
+    def view(request):
+        rows = [list(request.sql.m(**a)[0]) for a in args]
+        return {'rows': rows, 'cache': request.dbtune.cache}
+
+    app = apps(sqlite_url, [method], tables=False, views={'/v': view})
+    got = app.get('/v').json
+    want = [str(a['a']) for a in args]
+    assert [r[:2] for r in got['rows']] == [[w, f'x{w}'] for w in want]
+    assert got['cache']['hit'] == 0
+    # Values bound the same share: 1, ' 1', 1.0, Decimal('1.0') for int.
+    args = [{'a': 'z', 'b': b} for b in (1, ' 1', 1.0, args[0]['a'], None)]
+    same = app.get('/v').json
+    assert [r[2] for r in same['rows']] == [1, 1, 1, 1, None]
+    assert same['cache']['hit'] == 3
+
+
+def test_arguments_only_tested_need_not_be_bindable(sqlite_url, apps):
+    method = zsql(
+        'SELECT 1 AS one <dtml-if a>, 2 AS two</dtml-if>', cache_time=60
+    )
+    app = apps(sqlite_url, [method], tables=False)
+    got = call(app, ('m', {'a': {'x': 1}}), ('m', {'a': {'y': 2}}))
+    assert [r['rows'] for r in got['results']] == [[[1, 2]], [[1, 2]]]
+    assert got['cache']['hit'] == 1
+    bound = zsql("SELECT '<dtml-var a sql_quote>'", cache_time=60)
+    app = apps(sqlite_url, [bound], tables=False)
+    with pytest.raises(ValueError, match="'a' cannot be bound: {'x': 1}"):
+        call(app, ('m', {'a': {'x': 1}}))
+
+
+def test_numbers_decimals_and_sets():
+    ints = zsql('SELECT <dtml-sqlvar a type=int>', 'a')
+    floats = zsql('SELECT <dtml-sqlvar a type=float>', 'a')
+    assert ints.bind({'a': decimal.Decimal('3.0')})[1] == {'a': 3}
+    assert floats.bind({'a': decimal.Decimal('0.5')})[1] == {'a': 0.5}
+    assert str(floats.bind({'a': -0.0})[1]['a']) == '0.0'
+    for value in (float('inf'), decimal.Decimal('1.5'),
+                  decimal.Decimal('NaN'), '1.5', object()):  # fmt: skip
+        with pytest.raises(ValueError, match='must be an integer, not'):
+            ints.bind({'a': value})
+    tests = zsql('SELECT 1 WHERE <dtml-sqltest a type=int multiple>', 'a')
+    assert tests.bind({'a': {3, 1, '2'} - {'2'} | {2}})[1] == {'a': [1, 2, 3]}
+    with pytest.raises(ValueError, match='must be an integer'):
+        tests.bind({'a': {1, 'x'}})

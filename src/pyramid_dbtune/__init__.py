@@ -129,7 +129,7 @@ def add_sql_methods(config, spec):
     """
     path = Path(AssetResolver(config.package).resolve(spec).abspath())
     files = (
-        sorted(f for f in path.iterdir() if f.suffix in zsql.LOADERS)
+        sorted(f for f in path.iterdir() if f.suffix.lower() in zsql.LOADERS)
         if path.is_dir()
         else []
     )

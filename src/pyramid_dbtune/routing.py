@@ -624,8 +624,10 @@ class BoundSQLMethod:
             try:
                 hash(key)
             except TypeError:
+                # bind() refuses a value it cannot bind; a ZSQL method's
+                # key holds only the values it binds, converted.
                 method.bind(params)  # raises the clear ValueError
-                raise  # pragma: no cover (bind() rejects all unhashables)
+                raise  # pragma: no cover (bind() refused it)
         rows, status = context.runtime.cache.get_or_fill(
             key,
             self.cache_time,

@@ -137,7 +137,7 @@ class SQLMethod:
             if len(self.params) > 1
             else lambda params: tuple(params[p] for p in self.params)
         )
-        found_writes, found = analysis.analyse(sql)
+        found_writes, found = self._analyse(sql)
         self.writes = found_writes if writes is None else writes
         if tables is not None:
             self.tables = _normalise_tables(name, tables)
@@ -164,6 +164,11 @@ class SQLMethod:
     def __repr__(self):
         kind = 'write' if self.writes else 'read'
         return f'<SQLMethod {self.name} ({kind})>'
+
+    def _analyse(self, sql):
+        # Whether it writes, and its tables, as its text tells; a ZSQL
+        # method reads each text its template renders.
+        return analysis.analyse(sql)
 
     def bind(self, params):
         """Check ``params`` against the statement; return it ready to run.

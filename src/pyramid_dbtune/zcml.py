@@ -35,7 +35,11 @@ class ISetupDirective(Interface):
 
 
 def setup(_context):
-    with_context(_context).include('pyramid_dbtune')
+    config = with_context(_context)
+    # Set up already, by config.include('pyramid_dbtune') in Python: a
+    # second includeme would conflict with the first.
+    if getattr(config.registry, 'dbtune', None) is None:
+        config.include('pyramid_dbtune')
 
 
 class ISQLMethodDirective(Interface):
@@ -51,6 +55,9 @@ class ISQLMethodDirective(Interface):
     max_rows = Int(title='Rows to keep at most', required=False, min=0)
     tables = TextLine(title='Tables read or written', required=False)
     writes = Bool(title='Whether the statement writes', required=False)
+    invalidate = Bool(
+        title='Whether a write to its tables drops its rows', required=False
+    )
 
 
 def _runtime_config(_context, directive):
@@ -71,6 +78,11 @@ def sqlmethod(_context, name=None, file=None, sql=None, **kw):
             'one of them'
         )
     kw = {k: v for k, v in kw.items() if v is not None}
+    if 'tables' in kw and not kw['tables'].replace(',', ' ').split():
+        # No table would mean never invalidated.
+        raise ConfigurationError(
+            f'<dbtune:sqlmethod> tables={kw["tables"]!r} names no table'
+        )
     if kw.get('cache_time', 0.5).is_integer():
         kw['cache_time'] = int(kw['cache_time'])
     try:

@@ -4,13 +4,15 @@ A ``.zsql`` file is a ``<dtml-comment>`` header (``connection_id``,
 ``arguments``, ``max_rows``, ``max_cache``, ``cache_time``) and a statement
 written with DTML's SQL tags. Every value the tags insert becomes a bound
 parameter: nothing a caller passes is ever formatted into the statement's
-text, whatever the tag (``<dtml-var name sql_quote>`` included).
+text, whatever the tag (``'<dtml-var name sql_quote>'`` included). A
+tag where a database would not read a parameter (a comment, a quoted
+name) is an error when the file loads, and each text rendered is checked
+as PostgreSQL and MySQL read it (:func:`.analysis.hidden_parameters`).
 
 Optional tests, ``<dtml-sqlgroup>`` and ``<dtml-if>`` make the statement's
 text depend on which arguments are given. A :class:`ZSQLMethod` renders
-that text on each call that reaches the database and keeps one compiled
-statement per text. Its cache key is every declared argument's value, an
-argument not given included (as :data:`ABSENT`), so two calls that render
+that text on each call and keeps one compiled statement per text. Its
+cache key is the text and the values bound, so two calls that run
 different statements never share cached rows.
 
 A tag, an attribute or a form (a Python expression) that this module does
@@ -18,12 +20,17 @@ not translate is an error when the file is loaded, naming the file, the
 line and the tag: a template is never run half-understood.
 """
 
+import decimal
 import difflib
+import itertools
+import math
 import re
 from pathlib import Path
 
 from sqlalchemy import bindparam, text
 
+from . import analysis
+from .analysis import ANY_TABLE
 from .sqlmethod import (
     _SCALARS,
     SQLFileError,
@@ -35,7 +42,7 @@ from .sqlmethod import (
 
 
 class _Absent:
-    """The value of an argument that was not given (in cache keys)."""
+    """The value of an argument that was not given."""
 
     _instance = None
 
@@ -51,7 +58,8 @@ class _Absent:
         return (_Absent, ())
 
 
-#: Stands for an argument not given, in a ZSQL method's cache key.
+#: Stands for an argument not given (and with no default): a
+#: ``<dtml-if>`` of it is false, a tag that needs it a :class:`TypeError`.
 ABSENT = _Absent()
 
 #: The value types of ``<dtml-sqlvar>`` and ``<dtml-sqltest>``.
@@ -70,15 +78,37 @@ SUPPORTED = (
     'if', 'elif', 'else', 'unless', 'comment',
 )  # fmt: skip
 
-# A tag, a quote (a string literal starts), or a DTML form not translated.
+# A tag; a comment to the end of the line; the start of a comment, a
+# quoted name or a string where no value may go; a quote (a literal
+# starts); or a DTML form not translated.
 _SCAN = re.compile(
     r"""(?P<tag><(?P<close>/?)dtml-(?P<name>[\w.-]*)
           (?P<args>(?:[^>"']|"[^"]*"|'[^']*')*)>)
-      | (?P<comment>--[^\n]*)
+      | (?P<comment>--[^\n]*|\#[^\n]*)
+      | (?P<region>/\*|"|`|(?<![\w$])\$(?:[^\W\d]\w*)?\$)
       | (?P<quote>')
       | (?P<other><!--\#\s*[\w.-]*|&dtml[\w.-]*;?)""",
     re.VERBOSE | re.IGNORECASE,
 )
+_TAG = re.compile(r'</?dtml-[\w.-]*', re.IGNORECASE)
+# Each region that holds no value, by how it starts ($$ strings aside).
+_CLOSED = {
+    '/*': re.compile(r'/\*.*?\*/', re.DOTALL),
+    '"': re.compile(r'"(?:""|[^"])*"'),
+    '`': re.compile(r'`(?:``|[^`])*`'),
+}
+#: Each kind of region a tag cannot be in, and what to do instead.
+_OUT_OF_COMMENT = '; take it out of the comment (<dtml-comment> hides text)'
+_REGIONS = {
+    '--': ('a -- comment (to the end of its line)', _OUT_OF_COMMENT),
+    '#': ('a # comment (MySQL reads # as a comment to the end of the line)',
+          _OUT_OF_COMMENT),
+    '/*': ('a /* */ comment', _OUT_OF_COMMENT),
+    '"': ('double quotes (a name in standard SQL, a string in MySQL)',
+          '; quote it with single quotes'),
+    '`': ('backquotes (a MySQL name)', ''),
+    '$': ('a dollar-quoted string', "; quote it with single quotes"),
+}  # fmt: skip
 _ATTR = re.compile(
     r"""\s*(?P<key>[^\s="']+)(?:\s*=\s*(?:"(?P<dq>[^"]*)"|'(?P<sq>[^']*)'
         |(?P<bare>[^\s"']+)))?|\s*(?P<expr>"[^"]*")""",
@@ -89,14 +119,21 @@ _COLON = re.compile(r'(?<![:\w\\]):(?=\w)')
 
 
 class _Render:
-    """One call's rendering: the text, the bound values, the lists."""
+    """One call's rendering: the text, the bound values, the lists.
 
-    def __init__(self, method, args, skeleton=False):
+    A value's place in the text is marked ``\\0name\\0`` until the text is
+    compiled (:func:`_place`), so that what stands next to it is known.
+    """
+
+    def __init__(self, method, args, choices=None):
         self.method = method
         self.args = args
-        #: Render every branch, every optional part present: the text that
-        #: tells which tables the method reads or writes.
-        self.skeleton = skeleton
+        #: Not None: render every optional part present, each value as a
+        #: placeholder, and the branch of each ``<dtml-if>`` this maps it
+        #: to (all of them, glued, if it has none): the texts that tell
+        #: which tables the method reads or writes.
+        self.choices = choices
+        self.skeleton = choices is not None
         self.binds = {}
         self.expanding = set()
 
@@ -107,27 +144,66 @@ class _Render:
         self.binds[name] = value
         if expanding:
             self.expanding.add(name)
-        return f':{name}'
+        return f'\0{name}\0'
 
     def fail(self, exc_type, arg, what):
         raise exc_type(f'ZSQL method {self.method}(): argument {arg!r} {what}')
 
 
+_MARK = re.compile(r'\0(\w+)\0')
+_GLUED_AFTER = re.compile(r'[\0:\w]')
+
+
+def _place(sql, expanding):
+    """The text with each value's mark as a ``:name`` parameter; in
+    parentheses where text glued to it would hide it from SQLAlchemy
+    (``<dtml-sqlvar d type=string>::date`` is ``(:d)::date``)."""
+
+    def parameter(match):
+        name, start, end = match.group(1), match.start(), match.end()
+        glued = (start and sql[start - 1] in '\0:') or _GLUED_AFTER.match(
+            sql, end
+        )
+        if glued and name not in expanding:
+            return f'(:{name})'
+        return f':{name}'
+
+    return _MARK.sub(parameter, sql)
+
+
 _NUMBERS = {'int': (int, 'an integer'), 'float': (float, 'a number')}
+
+
+def _number(kind, value):
+    """``value`` as an int or a float, or None if it is not one."""
+    number = _NUMBERS[kind][0]
+    if isinstance(value, str | bytes):
+        value = value.strip()
+    elif isinstance(value, bool):
+        return None
+    elif isinstance(value, decimal.Decimal):
+        if kind == 'int' and not (
+            value.is_finite() and value == value.to_integral_value()
+        ):
+            return None
+    elif not isinstance(value, int | float):
+        return None
+    try:
+        # + 0 binds -0.0 as 0.0: the two are equal in a cache key.
+        return number(value) + 0
+    except (ValueError, OverflowError):  # 'x', inf for an int
+        return None
 
 
 def _convert(render, arg, kind, value):
     """``value`` as the tag's ``type`` says, as Zope's tags checked it."""
     if kind in _NUMBERS:
-        number, noun = _NUMBERS[kind]
-        try:
-            if isinstance(value, str | bytes):
-                return number(value.strip())
-            if isinstance(value, int | float) and not isinstance(value, bool):
-                return number(value)
-        except ValueError:
-            pass
-        render.fail(ValueError, arg, f'must be {noun}, not {value!r}')
+        number = _number(kind, value)
+        if number is None:
+            render.fail(
+                ValueError, arg, f'must be {_NUMBERS[kind][1]}, not {value!r}'
+            )
+        return number
     if isinstance(value, bytes):
         value = value.decode('utf-8')
     if not isinstance(value, str):
@@ -175,6 +251,19 @@ class _SQLVar:
         return r.bind(self.name, value)
 
 
+def _items(value):
+    """The values of a ``multiple`` test: a list, a tuple or a set (in
+    order, where its values have one), or one value."""
+    if isinstance(value, list | tuple):
+        return list(value)
+    if isinstance(value, set | frozenset):
+        try:
+            return sorted(value)
+        except TypeError:
+            return list(value)
+    return [value]
+
+
 class _SQLTest:
     """``<dtml-sqltest name type=T [column=C] [op=O] [optional]
     [multiple]>``: ``C O :value``, or ``C IN :values`` for a list."""
@@ -191,7 +280,7 @@ class _SQLTest:
             if self.optional:
                 return ''
             r.fail(TypeError, self.arg, 'is missing')
-        values = list(value) if isinstance(value, list | tuple) else [value]
+        values = _items(value)
         if len(values) > 1 and not self.multiple:
             r.fail(ValueError, self.arg, 'takes one value, not a list')
         # As Zope did: a blank string is no value, but for type=string.
@@ -210,27 +299,12 @@ class _SQLTest:
         return f'{self.column} {negate}IN {r.bind(self.name, values, True)}'
 
 
-class _Var:
-    """``<dtml-var name sql_quote>`` outside quotes: the value, bound."""
-
-    def __init__(self, arg, bind):
-        self.arg, self.name = arg, bind
-
-    def render(self, r):
-        value = r.get(self.arg)
-        if value is ABSENT and not r.skeleton:
-            r.fail(TypeError, self.arg, 'is missing')
-        if value is not ABSENT and not isinstance(value, _SCALARS):
-            r.fail(ValueError, self.arg, f'cannot be bound: {value!r}')
-        return r.bind(self.name, None if r.skeleton else value)
-
-
 class _Literal:
     """A quoted literal with ``<dtml-var name sql_quote>`` inside it: one
     bound string, made of the literal's text and the values."""
 
     def __init__(self, pieces, bind):
-        self.pieces = pieces  # str, or _Var for a value
+        self.pieces = pieces  # str, or (argument,) for a value
         self.name = bind
 
     def render(self, r):
@@ -239,17 +313,23 @@ class _Literal:
             if isinstance(piece, str):
                 parts.append(piece)
                 continue
-            value = r.get(piece.arg)
+            value = r.get(piece[0])
             if value is ABSENT:
                 if r.skeleton:
                     continue
-                r.fail(TypeError, piece.arg, 'is missing')
-            parts.append(_convert(r, piece.arg, 'string', value))
+                r.fail(TypeError, piece[0], 'is missing')
+            if not isinstance(value, _SCALARS):
+                r.fail(ValueError, piece[0], f'cannot be bound: {value!r}')
+            parts.append(_convert(r, piece[0], 'string', value))
         return r.bind(self.name, ''.join(parts))
 
 
 def _render_all(nodes, r):
     return ''.join(node.render(r) for node in nodes)
+
+
+def _only_comments(part):
+    return ('--' in part or '/*' in part) and not analysis.blank(part).strip()
 
 
 class _Group:
@@ -269,7 +349,7 @@ class _Group:
         parts = []
         for joiner, nodes in self.blocks:
             part = _render_all(nodes, r).strip()
-            if part:
+            if part and not _only_comments(part):
                 if parts:
                     parts.append(self.JOIN[joiner])
                 parts.append(part)
@@ -280,13 +360,15 @@ class _Group:
                     f'of line {self.line} needs at least one of its tests'
                 )
             return ''
-        sql = ' '.join(parts)
+        # One part a line, as Zope wrote them: a part's -- comment ends
+        # with its line, not swallowing the parts after it.
+        sql = '\n'.join(parts)
         if len(parts) > 1 and 'noparens' not in self.flags:
-            sql = f'({sql})'
+            sql = f'({sql}\n)'
         for word in ('set', 'where'):
             if word in self.flags:
-                sql = f'{word.upper()} {sql}'
-        return sql + ' '
+                sql = f'{word.upper()}\n{sql}'
+        return sql + '\n'
 
 
 class _If:
@@ -296,15 +378,41 @@ class _If:
     def __init__(self, arg, negate):
         self.branches = [(arg, negate, [])]
 
+    def choices(self):
+        """How many texts it can render: a branch each, or none."""
+        return len(self.branches) + (self.branches[-1][0] is not None)
+
     def render(self, r):
         if r.skeleton:
-            return ' '.join(_render_all(n, r) for _, _, n in self.branches)
+            choice = r.choices.get(self)
+            if choice is None:
+                return ' '.join(_render_all(n, r) for _, _, n in self.branches)
+            if choice == len(self.branches):
+                return ''
+            return _render_all(self.branches[choice][2], r)
         for arg, negate, nodes in self.branches:
             value = r.get(arg) if arg else True
             if arg is None or bool(value and value is not ABSENT) != negate:
                 return _render_all(nodes, r)
         return ''
 
+
+def _ifs(nodes):
+    """Every ``<dtml-if>`` among ``nodes``, those inside them included."""
+    for node in nodes:
+        if isinstance(node, _If):
+            yield node
+            for _, _, branch in node.branches:
+                yield from _ifs(branch)
+        elif isinstance(node, _Group):
+            for _, block in node.blocks:
+                yield from _ifs(block)
+
+
+#: Texts a template's ``<dtml-if>`` choices may render that are each read
+#: for tables (and checked) when it loads; past this many, a read is
+#: invalidated by any write, and a write invalidates everything.
+MAX_VARIANTS = 64
 
 _LITERAL_PART = re.compile(r"''|'|</?dtml-[^>]*>", re.IGNORECASE)
 _COMMENT_END = re.compile(r'</dtml-comment\s*>', re.IGNORECASE)
@@ -321,6 +429,8 @@ class _Parser:
         self.first_line = first_line
         self.arguments = arguments
         self.lists = set()
+        #: Each bound value's line and tag, for errors found later.
+        self.tags = {}
         self._names = set()
         self.root = []
         self.nodes = self.root  # where the next node goes
@@ -343,7 +453,10 @@ class _Parser:
                 break
             pos = match.end()
             if match.group('comment') is not None:
+                self._comment(match)
                 self.nodes.append(_Text(match.group('comment')))
+            elif match.group('region'):
+                pos = self._region(match)
             elif match.group('quote'):
                 pos = self._literal(match.start())
             elif match.group('other'):
@@ -370,7 +483,7 @@ class _Parser:
             )
         return self.root
 
-    def _bind_name(self, arg):
+    def _bind_name(self, arg, match):
         # The argument's own name for its first use; then arg_2, arg_3...,
         # never the name of another argument.
         name, n = arg, 1
@@ -378,12 +491,79 @@ class _Parser:
             n += 1
             name = f'{arg}_{n}'
         self._names.add(name)
+        self.tags[name] = (self.line(match.start()), match.group(0))
         return name
+
+    def _inside(self, start, region, what):
+        """Refuse a DTML tag in ``region`` (which begins at ``start``): a
+        value there would not be a parameter."""
+        tag = _TAG.search(region)
+        if tag:
+            where, advice = _REGIONS[what]
+            raise self.error(
+                start + tag.start(),
+                f'<{tag.group(0)[1:]}> inside {where}, where a value would '
+                f'not be a bound parameter{advice}',
+            )
+
+    def _comment(self, match):
+        """A ``--`` or ``#`` comment, to the end of the line."""
+        comment = match.group('comment')
+        kind = '#' if comment[0] == '#' else '--'
+        self._inside(match.start(), comment, kind)
+        if kind == '#':
+            # PostgreSQL reads # as an operator: a quote after it starts
+            # a string there, and a comment in MySQL. Either reading must
+            # give one statement.
+            quote = re.search(
+                r"""['"`]|/\*|(?<![\w$])\$(?:[^\W\d]\w*)?\$""", comment
+            )
+            if quote:
+                raise self.error(
+                    match.start(),
+                    f'{quote.group(0)} after # on a line: MySQL reads # as '
+                    'a comment to the end of the line, PostgreSQL does not; '
+                    'write the comment as -- ...',
+                )
+
+    def _region(self, match):
+        """A ``/* */`` comment, a ``"`` or backquoted name, a ``$$``
+        string: text, holding no tag. Returns its end."""
+        start, opener = match.start(), match.group(0)
+        what = opener if opener in _CLOSED else '$'
+        if re.match(r'/\*M?!', self.source[start:]):
+            raise self.error(
+                start,
+                "MySQL's executable comments (/*! ... */) are not "
+                'supported: write the SQL as SQL',
+            )
+        closed = _CLOSED.get(opener) or re.compile(
+            rf'{re.escape(opener)}.*?{re.escape(opener)}', re.DOTALL
+        )
+        found = closed.match(self.source, start)
+        if found is None:
+            raise self.error(start, f'{opener} ... is not closed')
+        region = found.group(0)
+        self._inside(start, region, what)
+        if what == '/*' and '/*' in region[2:]:
+            raise self.error(
+                start,
+                '/* inside a /* */ comment: PostgreSQL nests comments, '
+                'MySQL does not',
+            )
+        if what == '"' and '\\"' in region:
+            raise self.error(
+                start,
+                'a backslash before a " inside double quotes: MySQL reads '
+                'it as an escape, standard SQL does not (write \'\' or "")',
+            )
+        self.nodes.append(_Text(region))
+        return found.end()
 
     def _literal(self, start):
         """A quoted literal from ``start``, as text, or as one bound value
         when it holds ``<dtml-var name sql_quote>``; returns its end."""
-        source = self.source
+        source, first = self.source, None
         pieces, chars, pos = [], [], start + 1
         while True:
             match = _LITERAL_PART.search(source, pos)
@@ -391,6 +571,13 @@ class _Parser:
                 raise self.error(start, 'a quoted literal is not closed')
             chars.append(source[pos : match.start()])
             pos = match.end()
+            if match.group(0)[0] == "'" and source[match.start() - 1] == '\\':
+                raise self.error(
+                    match.start(),
+                    'a backslash before a quote inside a quoted literal: '
+                    'MySQL reads it as an escape, standard SQL does not; '
+                    "write a quote as ''",
+                )
             if match.group(0) == "''":
                 chars.append("'")
             elif match.group(0) == "'":
@@ -403,14 +590,22 @@ class _Parser:
                         f'<dtml-{tag}> inside a quoted literal is not '
                         "supported: only '<dtml-var name sql_quote>' is",
                     )
-                pieces += [''.join(chars), _Var(self._var(match, attrs), '')]
+                pieces += [''.join(chars), (self._var(match, attrs),)]
                 chars = []
+                first = first or match
         pieces.append(''.join(chars))
         if len(pieces) == 1:
             self.nodes.append(_Text(source[start:pos]))
-        else:
-            name = self._bind_name(pieces[1].arg)
-            self.nodes.append(_Literal([p for p in pieces if p != ''], name))
+            return pos
+        if re.match(r'\w', source[start - 1 : start]):
+            raise self.error(
+                start,
+                f"a prefixed literal ({source[start - 1]}'...') holding "
+                '<dtml-var>: the literal is bound as one string; drop the '
+                'prefix',
+            )
+        name = self._bind_name(pieces[1][0], first)
+        self.nodes.append(_Literal([p for p in pieces if p != ''], name))
         return pos
 
     def _attrs(self, match):
@@ -540,20 +735,22 @@ class _Parser:
             arg = self._argument(match, tag, attrs)
             kind = self._type(match, tag, attrs)
             node = _SQLVar(
-                arg, kind, 'optional' in attrs, self._bind_name(arg)
+                arg, kind, 'optional' in attrs, self._bind_name(arg, match)
             )
         elif tag == 'sqltest':
             node = self._sqltest(match, attrs)
         elif tag == 'var':
-            before = self.nodes[-1].text if self.nodes else ''
-            if isinstance(before, str) and before.endswith('"'):
-                raise self.error(
-                    match.start(),
-                    '<dtml-var name sql_quote> inside double quotes: quote '
-                    'it with single quotes',
-                )
             arg = self._var(match, attrs)
-            node = _Var(arg, self._bind_name(arg))
+            # Zope formatted the quoted text in: a name, a keyword, a
+            # number. Bound, it would be a string (ORDER BY 'price').
+            raise self.error(
+                match.start(),
+                f'<dtml-var {arg} sql_quote> outside quotes is not '
+                'supported: its text would be bound as a string, not read '
+                f'as SQL; write <dtml-sqlvar {arg} type=...> for a value, '
+                f"'<dtml-var {arg} sql_quote>' for a string, or "
+                f'<dtml-if> for a choice of SQL',
+            )
         elif tag == 'sqlgroup':
             self._check(match, tag, attrs, _Group.FLAGS)
             node = _Group(frozenset(attrs), self.line(match.start()))
@@ -594,7 +791,7 @@ class _Parser:
             self.lists.add(arg)
         return _SQLTest(
             arg, kind, column, OPERATORS[op.lower()], 'optional' in attrs,
-            'multiple' in attrs, self._bind_name(arg),
+            'multiple' in attrs, self._bind_name(arg, match),
         )  # fmt: skip
 
 
@@ -640,8 +837,11 @@ class ZSQLMethod(SQLMethod):
     optional: such a tag marked ``optional`` drops out (``sqltest``) or
     binds ``NULL`` (``sqlvar``); one not so marked is a :class:`TypeError`.
     The other keywords are :class:`~pyramid_dbtune.SQLMethod`'s; tables and
-    ``writes`` are read from the template with every part present.
-    ``where`` names the template in errors (a file's path).
+    ``writes`` are read from each text the template's ``<dtml-if>``
+    choices render, every optional part present (up to
+    :data:`MAX_VARIANTS` texts; past that, a read is invalidated by any
+    write and a write invalidates everything). ``where`` names the
+    template in errors (a file's path).
     """
 
     def __init__(
@@ -658,7 +858,7 @@ class ZSQLMethod(SQLMethod):
             arguments = parse_arguments(arguments)
         elif not isinstance(arguments, dict):
             arguments = dict.fromkeys(arguments, ABSENT)
-        where = where or f'<ZSQL method {name}>'
+        self.where = where = where or f'<ZSQL method {name}>'
         if not isinstance(template, str):
             raise ValueError(f'ZSQL method {name!r}: template must be text')
         body = template.strip().rstrip(';').rstrip()
@@ -667,8 +867,12 @@ class ZSQLMethod(SQLMethod):
         )
         parser = _Parser(body, where, first_line, list(arguments))
         self.nodes = parser.parse()
-        skeleton = _render_all(self.nodes, _Render(name, {}, skeleton=True))
-        super().__init__(name, skeleton, **kw)
+        self._tags = parser.tags
+        self.name = name
+        self._variants, self._glued = self._skeletons()
+        for sql, names in self._variants.items():
+            self._check(sql, names, SQLFileError)
+        super().__init__(name, next(iter(self._variants)), **kw)
         self.sql = body
         self.arguments = arguments
         self.params = tuple(arguments)
@@ -678,17 +882,84 @@ class ZSQLMethod(SQLMethod):
         #: One compiled statement per text rendered (its shape). Finite:
         #: values are bound, so only the template's choices vary the text.
         self._statements = {}
+        self._texts = {}
+
+    def _skeletons(self):
+        """The texts the template renders, each ``<dtml-if>`` choice
+        made (up to :data:`MAX_VARIANTS`), with the names each binds;
+        and, past that many, every branch glued into one text, else
+        None."""
+        ifs = list(dict.fromkeys(_ifs(self.nodes)))
+        choices = [range(node.choices()) for node in ifs]
+        variants = {}
+        for chosen in itertools.islice(
+            itertools.product(*choices), MAX_VARIANTS
+        ):
+            render = _Render(
+                self.name, {}, dict(zip(ifs, chosen, strict=True))
+            )
+            sql = _render_all(self.nodes, render).strip()
+            variants.setdefault(_place(sql, render.expanding), render.binds)
+        glued = None
+        if math.prod(len(c) for c in choices) > MAX_VARIANTS:
+            render = _Render(self.name, {}, {})
+            glued = _render_all(self.nodes, render).strip()
+            glued = _place(glued, render.expanding)
+        return variants, glued
+
+    def _analyse(self, sql):
+        if self._glued is None:
+            return analysis.analyse_any(self._variants)
+        # Too many texts to read each: whether it writes, from them and
+        # every branch at once; which tables, not told.
+        writes, _ = analysis.analyse_any([*self._variants, self._glued])
+        return (True, None) if writes else (False, frozenset([ANY_TABLE]))
+
+    def _check(self, sql, names, error):
+        """Refuse a text where a value would not be a bound parameter:
+        glued to a name, or inside a string or a comment as a database
+        reads it (the template's tags put it next to one)."""
+        if ';' in analysis.blank(sql):
+            raise error(
+                f'{self.where}: SQL method {self.name!r} holds more than one '
+                'statement; write one method per statement'
+            )
+        hidden = analysis.hidden_parameters(sql, names)
+        for name, reading in hidden.items():
+            line, tag = self._tags[name]
+            where = (
+                'glued to the text before it: a value cannot be part of a '
+                'name or a word'
+                if reading is None
+                else f'inside a string, a quoted name or a comment as '
+                f'{reading} reads the statement'
+            )
+            raise error(
+                f'{self.where}:{line}: {tag}: the value would not be a '
+                f'bound parameter, {where}: {" ".join(sql.split())}'
+            )
 
     def __repr__(self):
         kind = 'write' if self.writes else 'read'
         return f'<ZSQLMethod {self.name} ({kind})>'
 
-    def values(self, params):
-        """Every argument's value, default or :data:`ABSENT` where not
-        given: the shape of the statement is in the cache key."""
+    def _render(self, params):
         if not self._param_set.issuperset(params):
             raise self._argument_error(params)
-        return tuple([params.get(n, default) for n, default in self._defaults])
+        render = _Render(
+            self.name, {n: params.get(n, d) for n, d in self._defaults}
+        )
+        sql = _render_all(self.nodes, render).strip()
+        return self._texts.setdefault(sql, sql), render
+
+    def values(self, params):
+        """What a call runs: the text the template renders for
+        ``params`` and the values it binds, converted as its tags say.
+        Calls that bind the same values to the same text share a cache
+        entry; an argument only tested by ``<dtml-if>`` is in it only as
+        the text it chose."""
+        sql, render = self._render(params)
+        return (sql, *render.binds.values())
 
     def check_names(self, params):
         if not self._param_set.issuperset(params):
@@ -705,20 +976,19 @@ class ZSQLMethod(SQLMethod):
     def bind(self, params):
         """Render the statement for ``params``; return it and its bound
         values. Raises :class:`TypeError` for an unknown or missing
-        argument and :class:`ValueError` for a value its tag refuses."""
-        render = _Render(
-            self.name, dict(zip(self.params, self.values(params), strict=True))
-        )
-        sql = _render_all(self.nodes, render).strip()
-        shape = (sql, frozenset(render.expanding))
-        statement = self._statements.get(shape)
+        argument and :class:`ValueError` for a value its tag refuses, or
+        for a text whose values would not be bound parameters."""
+        sql, render = self._render(params)
+        statement = self._statements.get(sql)
         if statement is None:
-            statement = text(sql)
+            placed = _place(sql, render.expanding)
+            self._check(placed, render.binds, ValueError)
+            statement = text(placed)
             if render.expanding:
                 statement = statement.bindparams(
                     *(bindparam(n, expanding=True) for n in render.expanding)
                 )
-            self._statements[shape] = statement
+            self._statements[sql] = statement
         return statement, render.binds
 
 
@@ -752,6 +1022,7 @@ _ZSQL_KEYS = {
     'cache_time': (_seconds, 'a number of seconds, 0 or more'),
     'tables': (_tables, 'table names, separated by commas'),
     'writes': (_yes_no, 'true or false'),
+    'invalidate': (_yes_no, 'true or false'),
 }
 #: Zope keys that change what a call returns or where it runs, which this
 #: package does not do: an error when set, never silently dropped.
@@ -809,12 +1080,13 @@ def load_zsql_file(path, **overrides):
 
     The file may begin with a ``<dtml-comment>`` header of ``key: value``
     lines: ``arguments`` (an indented line after it continues it),
-    ``max_rows``, ``cache_time``, and, beyond Zope's, ``tables`` and
-    ``writes`` as in a ``.sql`` file; ``title``, ``connection_id`` and
-    ``max_cache`` are read and kept (one cache bounds every method). The
-    method is named after the file. Raises :class:`SQLFileError` naming
-    the file and the line. ``overrides`` (``name`` and the keywords of
-    :class:`~pyramid_dbtune.SQLMethod`) win over the header.
+    ``max_rows``, ``cache_time``, and, beyond Zope's, ``tables``,
+    ``writes`` and ``invalidate`` as in a ``.sql`` file; ``title``,
+    ``connection_id`` and ``max_cache`` are read and kept (one cache
+    bounds every method). The method is named after the file. Raises
+    :class:`SQLFileError` naming the file and the line. ``overrides``
+    (``name`` and the keywords of :class:`~pyramid_dbtune.SQLMethod`) win
+    over the header.
     """
     path = Path(path)
     try:
