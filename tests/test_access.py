@@ -3,7 +3,10 @@
 import pytest
 from pyramid.authorization import ACLHelper, Allow, Everyone
 from pyramid.config import Configurator
+from pyramid.csrf import get_csrf_token
 from pyramid.exceptions import ConfigurationError
+from pyramid.security import NO_PERMISSION_REQUIRED, Denied
+from pyramid.session import SignedCookieSessionFactory
 from webtest import TestApp
 
 from pyramid_dbtune import access
@@ -117,3 +120,92 @@ def test_a_request_without_a_registry_policy_is_refused(monkeypatch):
 def test_guarded_keeps_the_views_docstring():
     assert access.guarded(secret_view).__doc__ == secret_view.__doc__
     assert access.guarded(secret_view).__wrapped__ is secret_view
+
+
+class Nobody:
+    """A policy that lets nobody in, and an app that needs a permission
+    for every view (``config.set_default_permission``)."""
+
+    def identity(self, request):
+        return None
+
+    def authenticated_userid(self, request):
+        return None
+
+    def permits(self, request, context, permission):
+        return Denied('log in first')
+
+
+def make_strict(policy, session=True, **settings):
+    """An app that hardens its views: a default permission, and CSRF
+    checks on every unsafe request."""
+    settings = {f'dbtune.{k}': v for k, v in settings.items()}
+    with Configurator(settings=settings) as config:
+        if session:
+            config.set_session_factory(SignedCookieSessionFactory('s' * 20))
+        config.set_security_policy(policy)
+        config.set_default_permission('view')
+        config.set_default_csrf_options(require_csrf=True)
+        config.include('pyramid_dbtune')
+        access.add_view(config, 'secret', 'secret', secret_view,
+                        renderer='json')  # fmt: skip
+        access.add_view(config, 'change', 'change', secret_view,
+                        renderer='json', request_method='POST')  # fmt: skip
+        return TestApp(config.make_wsgi_app())
+
+
+def test_the_apps_default_permission_and_csrf_do_not_apply():
+    app = make_strict(Nobody(), **{'stats.token': TOKEN})
+    auth = {access.HEADER: TOKEN}
+    assert app.get('/_dbtune/secret', headers=auth).json == {'figures': 42}
+    app.get('/_dbtune/secret', status=404)  # not 403: not advertised
+    assert app.head('/_dbtune/secret', headers=auth).status_int == 200
+    app.head('/_dbtune/secret', status=404)
+    # A POST with the token in the header: the operator's page sent it.
+    assert app.post('/_dbtune/change', headers=auth).json
+    app.post('/_dbtune/change', status=404)
+    # A token in the query is not enough to change anything (a link or a
+    # form of another site could carry it).
+    app.post('/_dbtune/change?token=' + TOKEN, status=404)
+    assert app.get('/_dbtune/secret', params={'token': TOKEN}).json
+
+
+def test_a_post_let_in_by_the_permission_needs_the_csrf_token():
+    app = make_strict(Policy(), **{'stats.permission': 'view-stats'})
+    ops = {'X-User': 'ops'}
+    assert app.get('/_dbtune/secret', headers=ops).json
+    app.post('/_dbtune/change', headers=ops, status=400)  # no CSRF token
+    app.post('/_dbtune/change', headers={'X-User': 'guest'}, status=404)
+    # The dashboard page carries the CSRF token its POSTs send.
+    with Configurator(registry=app.app.registry) as config:
+        config.add_route('token', '/token')
+        config.add_view(
+            lambda request: {'csrf': get_csrf_token(request)},
+            route_name='token', renderer='json',
+            permission=NO_PERMISSION_REQUIRED,
+        )  # fmt: skip
+    csrf = app.get('/token').json['csrf']
+    assert app.post(
+        '/_dbtune/change', headers={**ops, 'X-CSRF-Token': csrf}
+    ).json == {'figures': 42}
+    # Without sessions there is no CSRF token: the header token is needed.
+    app = make_strict(Policy(), session=False,
+                      **{'stats.permission': 'view-stats'})  # fmt: skip
+    response = app.post('/_dbtune/change', headers=ops, status=400)
+    assert 'no session' in response.text
+
+
+def test_an_undecodable_token_is_no_token():
+    app = make(**{'stats.token': TOKEN})
+    app.get('/_dbtune/secret?token=%ff', status=404)
+    app.get('/_dbtune/secret?token=%ff', headers={access.HEADER: TOKEN})
+
+
+def test_answers_are_not_kept_nor_referred():
+    app = make(**{'stats.token': TOKEN})
+    for response in (
+        app.get('/_dbtune/secret', headers={access.HEADER: TOKEN}),
+        app.get('/_dbtune/secret', status=404),
+    ):
+        assert response.headers['Cache-Control'] == 'no-store'
+        assert response.headers['Referrer-Policy'] == 'no-referrer'

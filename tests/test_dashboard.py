@@ -6,6 +6,7 @@ Python package and no driver: the page runs its script, fetches the
 stats, and what it rendered is printed.
 """
 
+import json
 import os
 import re
 import shutil
@@ -146,7 +147,8 @@ def test_the_dashboard_in_a_browser(served, tmp_path):
     # The profile names the view's function.
     assert 'crunch' in dom
     assert int(page.ids['profile-samples']) >= 1
-    assert page.attrs['prof-link']['href'] == f'profile.prof?token={TOKEN}'
+    # The token is not copied into links.
+    assert page.attrs['prof-link']['href'] == 'profile.prof'
 
 
 def test_the_page_without_the_token_is_not_found(served):
@@ -179,4 +181,34 @@ def test_the_data_cannot_close_the_script(apps, sqlite_url):
     app = apps(sqlite_url, [], ON, views={'/</script><b>x': view})
     app.get('/</script><b>x')
     page = app.get('/_dbtune/', headers=AUTH).text
-    assert '</script><b>' not in page and '<\\/script><b>x' in page
+    assert '</script><b>' not in page
+    assert '\\u003c/script>\\u003cb>x' in page
+
+
+def test_no_markup_in_the_data(apps, sqlite_url):
+    def view(request):
+        return {}
+
+    app = apps(sqlite_url, [], ON, views={'/<!--<script>': view})
+    app.get('/<!--<script>')
+    page = app.get('/_dbtune/', headers=AUTH).text
+    data = re.search(r'let data = (.*);\n', page).group(1)
+    assert '<' not in data and '\\u003c!--\\u003cscript>' in data
+    assert json.loads(data)['stats']['routes']['/<!--<script>']
+
+
+def test_the_page_carries_a_csrf_token_for_the_permission():
+    from test_access import Policy, make_strict
+
+    settings = {'stats.permission': 'view-stats', 'profile': 'true'}
+    ops = {'X-User': 'ops'}
+    page = make_strict(Policy(), **settings).get('/_dbtune/', headers=ops)
+    csrf = json.loads(re.search(r'let data = (.*);\n', page.text)[1])['csrf']
+    assert isinstance(csrf, str) and len(csrf) >= 20
+    # No session factory, no CSRF token.
+    app = make_strict(Policy(), session=False, **settings)
+    page = app.get('/_dbtune/', headers=ops)
+    assert (
+        json.loads(re.search(r'let data = (.*);\n', page.text)[1])['csrf']
+        is None
+    )

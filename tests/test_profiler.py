@@ -173,8 +173,75 @@ def test_stacks_beyond_the_bound_are_one(app, monkeypatch):
     names = [f['function'] for f in top['own']]
     assert profiler.OTHER[2] in names and 'deeper' not in names
     # A thread that ended between the map and the frames is passed over.
+    before = sampler.samples
     sampler.active[-1] = request
     try:
         sampler.sample(0.01)
     finally:
         del sampler.active[-1]
+    assert sampler.samples == before
+
+
+def wait_until(condition):
+    deadline = time.monotonic() + 10
+    while not condition():
+        assert time.monotonic() < deadline
+        time.sleep(0.01)
+
+
+def test_a_request_that_starts_as_the_sampler_stops_restarts_it(
+    app, monkeypatch
+):
+    sampler = app.app.registry.dbtune.profiler
+    request = app.app.request_factory({'PATH_INFO': '/slow'})
+    me = threading.get_ident()
+
+    def idle_now():
+        # The tween of a request (this thread's) sees the sampler running,
+        # while the sampler, idle, decides to stop.
+        sampler.active[me] = request
+
+    monkeypatch.setattr(sampler, '_sample_until_idle', idle_now)
+    try:
+        sampler.start()
+        wait_until(lambda: sampler.running)
+        # The first thread stopped, but started another: still running.
+        monkeypatch.undo()
+        time.sleep(0.05)
+        assert sampler.running
+        wait_until(lambda: sampler.samples > 0)
+    finally:
+        sampler.active.pop(me, None)
+
+
+def test_a_sampler_that_fails_is_not_left_running(app, monkeypatch, caplog):
+    sampler = app.app.registry.dbtune.profiler
+
+    def broken(weight):
+        raise RuntimeError('broken')
+
+    monkeypatch.setattr(sampler, 'sample', broken)
+    monkeypatch.setattr(threading, 'excepthook', lambda args: None)
+    me = threading.get_ident()
+    sampler.active[me] = app.app.request_factory({'PATH_INFO': '/slow'})
+    try:
+        sampler.start()
+        wait_until(lambda: not sampler.running)
+    finally:
+        del sampler.active[me]
+
+    class NoThreads(threading.Thread):
+        def start(self):
+            raise RuntimeError("can't start new thread")
+
+    monkeypatch.setattr(profiler.threading, 'Thread', NoThreads)
+    assert app.get('/slow').json  # the request goes on
+    assert not sampler.running
+    assert 'cannot start its thread' in caplog.text
+
+
+def test_after_a_fork_no_request_is_running(app):
+    runtime = app.app.registry.dbtune
+    runtime.active[12345] = object()
+    runtime.profiler.after_fork()
+    assert runtime.active == {}

@@ -229,6 +229,15 @@ def test_bad_access_settings(key, value, accepted):
         parse({key: value})
 
 
+@pytest.mark.parametrize('key', ['dbtune.stats.token', 'dbtune.cache.secret'])
+def test_a_bad_secret_is_not_shown(key):
+    with pytest.raises(ConfigurationError) as raised:
+        parse({key: 'hunter2-short'})
+    message = str(raised.value)
+    assert 'hunter2' not in message
+    assert f'{key} = (a secret of 13 characters) is not valid' in message
+
+
 @pytest.mark.parametrize(
     'value, expected',
     [('true', True), (' Yes', True), ('on', True), ('1', True), (True, True),

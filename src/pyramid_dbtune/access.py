@@ -5,44 +5,96 @@ a request that carries ``dbtune.stats.token`` (in the ``X-Dbtune-Token``
 header or the ``token`` query parameter) or that holds the Pyramid
 permission named by ``dbtune.stats.permission``. Anything else gets a 404,
 as if the view were not there: an operator's page is not advertised.
+
+The views are the operator's, not the app's: the app's default permission
+and its CSRF checks do not apply to them. A request that changes something
+(``POST``) must carry the token in the header, where another site's page
+cannot put it, or, let in by the permission, Pyramid's CSRF token.
 """
 
 import hmac
 
-from pyramid.exceptions import ConfigurationError
+from pyramid.csrf import check_csrf_token
+from pyramid.exceptions import BadCSRFToken, ConfigurationError
 from pyramid.httpexceptions import HTTPNotFound
 from pyramid.interfaces import ISecurityPolicy
+from pyramid.security import NO_PERMISSION_REQUIRED
 
 #: The request header that carries the token.
 HEADER = 'X-Dbtune-Token'
 #: Every guarded view's path starts here.
 PREFIX = '/_dbtune/'
+#: Methods that change nothing (no CSRF check).
+SAFE = frozenset(['GET', 'HEAD', 'OPTIONS'])
+#: Headers of every answer of a guarded view, the 404 included: figures
+#: are not to be kept by a cache, nor their URL (and its token) sent on.
+HEADERS = (('Cache-Control', 'no-store'), ('Referrer-Policy', 'no-referrer'))
 
 
-def allowed(request):
-    """True when ``request`` may see the ``/_dbtune/`` views."""
+def query(request, name):
+    """The query parameter ``name``, or None (also when it is not
+    UTF-8)."""
+    try:
+        return request.GET.get(name)
+    except UnicodeDecodeError:
+        return None
+
+
+def way_in(request):
+    """How ``request`` may see the ``/_dbtune/`` views: ``'header'`` or
+    ``'query'`` (the token), ``'permission'``, or None."""
     settings = request.registry.dbtune.settings
     token = settings.stats_token
     if token is not None:
-        given = request.headers.get(HEADER) or request.GET.get('token')
-        if given is not None and hmac.compare_digest(
-            given.encode('utf-8'), token.encode('utf-8')
+        for where, given in (
+            ('header', request.headers.get(HEADER)),
+            ('query', query(request, 'token')),
         ):
-            return True
+            if given is not None and hmac.compare_digest(
+                given.encode('utf-8'),
+                token.encode('utf-8'),
+            ):
+                return where
     permission = settings.stats_permission
     # Without a security policy Pyramid allows every permission: that must
     # not open the operator's views to everyone.
-    return bool(
+    if (
         permission is not None
         and request.registry.queryUtility(ISecurityPolicy) is not None
         and request.has_permission(permission)
-    )
+    ):
+        return 'permission'
+    return None
+
+
+def allowed(request):
+    """True when ``request`` may see the ``/_dbtune/`` views (and, for a
+    method that changes something, was sent by the operator's page)."""
+    way = way_in(request)
+    if way is None or request.method in SAFE or way == 'header':
+        return way is not None
+    if way == 'permission':
+        try:
+            # Raises BadCSRFToken (400) for a request of another site.
+            return check_csrf_token(request)
+        except AttributeError:
+            # request.session, without a session factory: no CSRF token.
+            raise BadCSRFToken(
+                'the app has no session, hence no CSRF token: send the '
+                f'token in the {HEADER} header to change anything'
+            ) from None
+    return False  # a token in the query does not change anything
+
+
+def _secure(request, response):
+    response.headerlist.extend(HEADERS)
 
 
 def guarded(view):
     """Wrap ``view(request)`` to answer 404 unless :func:`allowed`."""
 
     def guarded_view(context, request):
+        request.add_response_callback(_secure)
         if not allowed(request):
             raise HTTPNotFound()
         return view(request)
@@ -60,7 +112,13 @@ def add_view(config, name, pattern, view, **view_options):
     """
     route = f'dbtune.{name}'
     config.add_route(route, PREFIX + pattern)
-    config.add_view(guarded(view), route_name=route, **view_options)
+    config.add_view(
+        guarded(view),
+        route_name=route,
+        permission=NO_PERMISSION_REQUIRED,
+        require_csrf=False,  # allowed() checks it where it applies
+        **view_options,
+    )
 
 
 def check(settings, feature):

@@ -4,10 +4,12 @@
 Installed by :func:`install` only for the features that are on.
 """
 
+import contextlib
 import json
 import os
 from importlib.resources import files
 
+from pyramid.csrf import get_csrf_token
 from pyramid.exceptions import ConfigurationError
 from pyramid.response import Response
 from pyramid.tweens import INGRESS
@@ -57,9 +59,16 @@ def dashboard_view(request):
         'profile': (
             None if runtime.profiler is None else profile_data(request)
         ),
+        # What the page's POST (reset) sends when the permission let the
+        # user in (and the app has sessions, hence CSRF tokens).
+        'csrf': None,
     }
-    # In a <script> element, "</" could end it early.
-    text = json.dumps(data).replace('</', '<\\/')
+    if access.way_in(request) == 'permission':
+        with contextlib.suppress(AttributeError):  # no session factory
+            data['csrf'] = get_csrf_token(request)
+    # In a <script> element, "</" could end it early and "<!--" change
+    # how it is read: no "<" at all, as JSON's own escape.
+    text = json.dumps(data).replace('<', '\\u003c')
     page = PAGE.read_text(encoding='utf-8').replace(DATA_MARK, text)
     return Response(page, content_type='text/html', charset='utf-8')
 
@@ -126,7 +135,7 @@ def _route(request):
     from pyramid.httpexceptions import HTTPNotFound
 
     profiler = request.registry.dbtune.profiler
-    route = request.GET.get('route') or None
+    route = access.query(request, 'route') or None
     if route is not None and route not in profiler.routes():
         known = ', '.join(profiler.routes()) or 'none yet'
         raise HTTPNotFound(f'no samples of route {route!r} (sampled: {known})')
@@ -136,7 +145,7 @@ def _route(request):
 def _limit(request):
     from pyramid.httpexceptions import HTTPBadRequest
 
-    text = request.GET.get('limit', '20')
+    text = access.query(request, 'limit') or '20'
     if not (text.isdigit() and 0 < int(text) <= 1000):
         raise HTTPBadRequest('limit: a whole number from 1 to 1000')
     return int(text)

@@ -15,6 +15,7 @@ that waits. A function that runs for much less than the interval between
 samples is seen in proportion to how often it runs, not every time.
 """
 
+import logging
 import marshal
 import sys
 import threading
@@ -23,6 +24,8 @@ from time import perf_counter, sleep
 
 from . import forks
 from .stats import route_name
+
+log = logging.getLogger(__name__)
 
 #: Seconds without any request before the sampling thread stops; the next
 #: request starts it again.
@@ -58,9 +61,11 @@ class Profiler:
 
     def after_fork(self):
         """In a forked child: no sampling thread (threads do not survive a
-        fork), a new lock, and the child's own samples only."""
+        fork), no request running, a new lock, and the child's own samples
+        only."""
         self._lock = threading.Lock()
         self.running = False
+        self.active.clear()
         self.reset()
 
     def reset(self):
@@ -73,16 +78,33 @@ class Profiler:
     # The sampling thread
 
     def start(self):
-        """Start sampling, if not started (the tween calls this)."""
+        """Start sampling, if not started (the tween calls this). A
+        sampling thread that cannot be started is logged, not raised: the
+        request goes on, and the next one tries again."""
         with self._lock:
             if self.running:
                 return
             self.running = True
-        threading.Thread(
-            target=self._run, name='dbtune-profiler', daemon=True
-        ).start()
+        try:
+            threading.Thread(
+                target=self._run, name='dbtune-profiler', daemon=True
+            ).start()
+        except Exception:
+            self.running = False
+            log.warning('profiler: cannot start its thread', exc_info=True)
 
     def _run(self):
+        try:
+            self._sample_until_idle()
+        finally:
+            with self._lock:
+                self.running = False
+        # A request that started as this thread stopped saw it running, and
+        # did not start another.
+        if self.active:
+            self.start()
+
+    def _sample_until_idle(self):
         last = idle_since = perf_counter()
         while True:
             sleep(self.interval)
@@ -92,10 +114,6 @@ class Profiler:
             weight, last = min(now - last, 4 * self.interval), now
             if not self.active:
                 if now - idle_since > IDLE:
-                    # A request that starts now goes unsampled; the next
-                    # one starts a new thread.
-                    with self._lock:
-                        self.running = False
                     return
                 continue
             idle_since = now

@@ -422,7 +422,12 @@ class UnitOfWork:
                     f'{what} writes, but request.tm has no active '
                     'transaction (is pyramid_tm active for this request?)'
                 ) from None
-            self.write_wait += self.router.acquire_write_slot()
+            start = perf_counter()
+            try:
+                self.write_wait += self.router.acquire_write_slot()
+            except WriteSlotTimeout:
+                self.write_wait += perf_counter() - start
+                raise
             self.dirty = True  # and the slot is held until the end
             self.router.write_transactions += 1
             txn.set_data(self.router, self)
@@ -521,7 +526,7 @@ class RequestContext:
     and ``db_seconds`` count the statements it ran and the time they took;
     ``write_seconds`` is the part of ``db_seconds`` spent on the writer in
     the request's transaction; ``unit.write_wait`` is the time it waited
-    for a write slot.
+    for a write slot, which ``db_seconds`` does not include.
     """
 
     def __init__(self, request):
@@ -566,11 +571,16 @@ class RequestContext:
     def execute(self, method, params):
         """Run a write, or a read after a write, in the transaction."""
         statement, params = method.bind(params)
+        unit = self.unit
+        waited = unit.write_wait
         start = perf_counter()
         try:
-            return self.unit.execute(method, statement, params)
+            return unit.execute(method, statement, params)
         finally:
-            elapsed = perf_counter() - start
+            # The wait for a write slot is not database time: it is
+            # counted apart (``unit.write_wait``, Server-Timing's
+            # write-slot).
+            elapsed = perf_counter() - start - (unit.write_wait - waited)
             self.queries += 1
             self.db_seconds += elapsed
             self.write_seconds += elapsed

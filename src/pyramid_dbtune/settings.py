@@ -288,9 +288,17 @@ class Settings:
     )
 
 
+#: Settings whose value is a secret: an error says its length, never it.
+SECRETS = frozenset(['dbtune.cache.secret', 'dbtune.stats.token'])
+
+
 def _fail(name, value, accepted):
+    if name in SECRETS:
+        shown = f'(a secret of {len(str(value))} characters)'
+    else:
+        shown = repr(value)
     return ConfigurationError(
-        f'{name} = {value!r} is not valid: expected {accepted}'
+        f'{name} = {shown} is not valid: expected {accepted}'
     )
 
 

@@ -26,12 +26,14 @@ The parallelism figures answer "am I threading?":
 """
 
 import contextlib
+import fcntl
 import itertools
 import json
 import logging
 import os
 import threading
 import time
+import weakref
 from bisect import bisect_left
 from collections import deque
 from time import monotonic, perf_counter, process_time, thread_time
@@ -50,11 +52,17 @@ CPU_EVERY = 16
 #: Seconds a point of the dashboard's chart covers, and how many are kept.
 TICK = 2.0
 HISTORY = 300
-#: Latencies kept per route and thread for its percentiles, and for a
-#: point of the chart (the last of its interval).
+#: Latencies kept per route (of every thread) for its percentiles, and for
+#: a point of the chart (the last of its interval).
 RECENT = 1000
 #: Requests that match no route are counted under this name.
 NO_ROUTE = '(no route)'
+#: Routes counted apart, at most; the requests of any more are counted
+#: together under :data:`OTHER_ROUTES`.
+MAX_ROUTES = 500
+OTHER_ROUTES = '(other routes)'
+#: Seconds between two writes of a process's file (multi-process).
+FLUSH_EVERY = 1.0
 #: The cache's counters, as the backends name them.
 CACHE_COUNTERS = (
     'hits', 'misses', 'stale', 'waited', 'evictions', 'invalidations',
@@ -63,18 +71,34 @@ CACHE_COUNTERS = (
 
 
 class Route:
-    """What one route's requests took."""
+    """What one route's requests took, in one thread.
+
+    ``recent`` is the route's last :data:`RECENT` latencies, one deque that
+    every thread's :class:`Route` of that route shares (appending to a
+    deque is atomic), so that what is kept does not grow with the threads.
+    """
 
     __slots__ = (
         'requests', 'errors', 'seconds', 'queries', 'db_seconds',
         'buckets', 'recent',
     )  # fmt: skip
 
-    def __init__(self):
+    def __init__(self, recent=None):
         self.requests = self.errors = self.queries = 0
         self.seconds = self.db_seconds = 0.0
         self.buckets = [0] * len(BUCKETS)
-        self.recent = deque(maxlen=RECENT)
+        self.recent = recent
+
+    def add(self, other):
+        """Add ``other``'s counts to this one's."""
+        self.requests += other.requests
+        self.errors += other.errors
+        self.seconds += other.seconds
+        self.queries += other.queries
+        self.db_seconds += other.db_seconds
+        self.buckets = [
+            a + b for a, b in zip(self.buckets, other.buckets, strict=True)
+        ]
 
 
 class Figures:
@@ -104,6 +128,12 @@ def route_name(request):
     return NO_ROUTE if route is None else route.name
 
 
+def operators(request):
+    """True for a request to one of the operator's ``/_dbtune/`` views
+    (known from its path, before any route is matched)."""
+    return request.environ.get('PATH_INFO', '').startswith('/_dbtune/')
+
+
 class Stats:
     """The figures of one process; ``registry.dbtune.stats``.
 
@@ -119,13 +149,16 @@ class Stats:
         self.pid = os.getpid()
         self._lock = threading.Lock()
         self._flusher = None
+        self._write_failed = False
         self.reset()
         forks.renew_after_fork(self)
 
     def after_fork(self):
-        """In a forked child: a new lock, and figures of its own."""
+        """In a forked child: a new lock, figures of its own, and no
+        request running (the parent's threads are not here)."""
         self._lock = threading.Lock()
         self.pid = os.getpid()
+        self.active.clear()
         self.reset()
 
     def reset(self):
@@ -133,6 +166,10 @@ class Stats:
         with self._lock:
             #: thread id -> :class:`Figures`
             self.threads = {}
+            #: the figures of threads that ended, added up
+            self._ended = Figures()
+            #: route name -> its latencies (:attr:`Route.recent`)
+            self._recent = {}
             self.peak_in_flight = 0
             self.started = (time.time(), perf_counter(), process_time())
             self.history = deque(maxlen=HISTORY)
@@ -159,9 +196,7 @@ class Stats:
         try:
             route = mine.routes[name]
         except KeyError:
-            # The operator's own views are not the site's traffic.
-            route = None if name.startswith('dbtune.') else Route()
-            mine.routes[name] = route
+            route = self._new_route(mine, name)
         if route is None:
             return
         route.requests += 1
@@ -184,6 +219,36 @@ class Stats:
             mine.cpu += cpu
             mine.runnable += max(0.0, seconds - cpu - waited)
 
+    def _new_route(self, mine, name):
+        """The first request of route ``name`` in this thread: its
+        :class:`Route`, or None for the operator's own views."""
+        if name.startswith('dbtune.'):
+            # The operator's own views are not the site's traffic.
+            mine.routes[name] = None
+            return None
+        with self._lock:
+            recent = self._recent.get(name)
+            if recent is None:
+                if len(self._recent) >= MAX_ROUTES:
+                    # Not kept under its name: each of its requests comes
+                    # here again, and is counted with the other routes.
+                    name = OTHER_ROUTES
+                    recent = self._recent.get(name)
+                if recent is None:
+                    recent = self._recent[name] = deque(maxlen=RECENT)
+        route = mine.routes.get(name)
+        if route is None:
+            route = mine.routes[name] = Route(recent)
+        return route
+
+    def note_peak(self):
+        """A request started with more in flight than the peak so far
+        (operator's views included): count them as :meth:`in_flight`
+        does."""
+        running = self.in_flight()
+        if running > self.peak_in_flight:
+            self.peak_in_flight = running
+
     def tick(self, now):
         """Close the chart's current point (at most once a :data:`TICK`)."""
         if not self._lock.acquire(blocking=False):
@@ -199,7 +264,8 @@ class Stats:
             self.next_tick = now + TICK
         finally:
             self._lock.release()
-        self._flush()
+        if self.multiprocess_dir is not None and self._flusher != os.getpid():
+            self._start_flusher()
         if last is None:
             return
         then, then_cpu, then_cache = last
@@ -258,15 +324,23 @@ class Stats:
     def in_flight(self):
         """Requests running now, but the operator's views."""
         return sum(
-            not route_name(request).startswith('dbtune.')
-            for request in list(self.active.values())
+            not operators(request) for request in list(self.active.values())
         )
 
     def _figures(self):
-        return list(self.threads.values())
+        """Every thread's :class:`Figures`; those of threads that ended
+        are added into one (a server that makes a thread per connection
+        would otherwise leave one behind per connection)."""
+        living = {thread.ident for thread in threading.enumerate()}
+        with self._lock:
+            for ident in list(self.threads):
+                if ident not in living:
+                    _fold(self._ended, self.threads.pop(ident))
+            return [self._ended, *self.threads.values()]
 
     def _routes(self):
-        """Every thread's figures of each route, added up."""
+        """Every thread's figures of each route, added up (without their
+        latencies: see :attr:`Route.recent`)."""
         total = {}
         for figures in self._figures():
             for name, route in list(figures.routes.items()):
@@ -274,18 +348,8 @@ class Stats:
                     continue
                 into = total.get(name)
                 if into is None:
-                    into = total[name] = Route()
-                    into.recent = []
-                into.requests += route.requests
-                into.errors += route.errors
-                into.seconds += route.seconds
-                into.queries += route.queries
-                into.db_seconds += route.db_seconds
-                into.buckets = [
-                    a + b
-                    for a, b in zip(into.buckets, route.buckets, strict=True)
-                ]
-                into.recent.extend(route.recent)
+                    into = total[name] = Route(self._recent.get(name))
+                into.add(route)
         return total
 
     def _cpu(self):
@@ -427,36 +491,71 @@ class Stats:
 
     # Several processes (gunicorn): one file each, summed when scraped
 
-    def _flush(self):
-        """With ``PROMETHEUS_MULTIPROC_DIR``: write this process's metrics
-        to its file now, and from now on once a second while it lives."""
-        if self.multiprocess_dir is None:
-            return
-        write_metrics(self.multiprocess_dir, os.getpid(), self.metrics())
-        if self._flusher != os.getpid():
+    def _start_flusher(self):
+        """With ``PROMETHEUS_MULTIPROC_DIR``: a thread of this process
+        writes its file now, and then every :data:`FLUSH_EVERY` seconds
+        while the process (and this object) lives. Never on a request's
+        thread: a disk that fails must not fail a request."""
+        with self._lock:
+            if self._flusher == os.getpid():
+                return
             self._flusher = os.getpid()
-            threading.Thread(
-                target=self._flush_every_second,
-                args=(self._flusher,),
-                name='dbtune-stats-flush',
-                daemon=True,
-            ).start()
+        threading.Thread(
+            target=_flush_every_second,
+            args=(weakref.ref(self),),
+            name='dbtune-stats-flush',
+            daemon=True,
+        ).start()
 
-    def _flush_every_second(self, pid):
-        while True:
-            time.sleep(1.0)
-            if os.getpid() != pid:  # pragma: no cover (a forked child)
-                return
-            try:
-                write_metrics(self.multiprocess_dir, pid, self.metrics())
-            except OSError as exc:
-                log.warning('stats: stopped writing to %s: %s',
-                            self.multiprocess_dir, exc)  # fmt: skip
-                return
+    def flush(self):
+        """Write this process's file; True if it was written. A failure is
+        logged once, as a warning, until a write works again."""
+        directory = self.multiprocess_dir
+        try:
+            write_metrics(directory, os.getpid(), self.metrics())
+        except OSError as exc:
+            if not self._write_failed:
+                self._write_failed = True
+                log.warning(
+                    'stats: cannot write this process\'s figures to %s (%s); '
+                    'trying again every %g s',
+                    directory, exc, FLUSH_EVERY,
+                )  # fmt: skip
+            return False
+        if self._write_failed:
+            self._write_failed = False
+            log.warning('stats: writing to %s again', directory)
+        return True
+
+
+def _flush_every_second(ref):
+    while True:
+        stats = ref()
+        if stats is None:
+            return  # its app is gone
+        stats.flush()
+        del stats
+        time.sleep(FLUSH_EVERY)
+
+
+def _fold(into, figures):
+    """Add the :class:`Figures` of a thread that ended into ``into``."""
+    for name, route in list(figures.routes.items()):
+        if route is None:
+            continue
+        mine = into.routes.get(name)
+        if mine is None:
+            mine = into.routes[name] = Route(route.recent)
+        mine.add(route)
+    into.measured += figures.measured
+    into.wall += figures.wall
+    into.cpu += figures.cpu
+    into.runnable += figures.runnable
 
 
 def _route_figures(route):
-    recent = sorted(route.recent)
+    # A copy is taken at once (C code, under the GIL) while threads append.
+    recent = sorted(route.recent.copy())
     return {
         'requests': route.requests,
         'errors': route.errors,
@@ -464,7 +563,7 @@ def _route_figures(route):
         'p50_ms': round(percentile(recent, 0.5) * 1000, 3),
         'p90_ms': round(percentile(recent, 0.9) * 1000, 3),
         'p99_ms': round(percentile(recent, 0.99) * 1000, 3),
-        'max_ms': round(recent[-1] * 1000, 3),
+        'max_ms': round(recent[-1] * 1000, 3) if recent else 0.0,
         'queries': route.queries,
         'db_ms': round(route.db_seconds * 1000, 3),
     }
@@ -493,15 +592,33 @@ def _cache_size(cache):
 
 
 FILE_PREFIX = 'dbtune_'
+#: What the files of processes that ended were folded into.
+ENDED = 'dbtune_ended.json'
+#: Held (``flock``) while the files are read and folded.
+LOCK = 'dbtune.lock'
+#: The files' format: a file of another is left out.
+VERSION = 1
 
 
 def write_metrics(directory, pid, families):
-    """Write one process's metric families to ``directory``, atomically."""
-    path = os.path.join(directory, f'{FILE_PREFIX}{pid}.json')
-    temporary = f'{path}.{threading.get_ident()}.tmp'
-    with open(temporary, 'w') as file:
-        json.dump({'pid': pid, 'families': families}, file)
-    os.replace(temporary, path)
+    """Write one process's metric families to ``directory``, atomically
+    (a temporary file, renamed; removed if the write fails)."""
+    _write(
+        os.path.join(directory, f'{FILE_PREFIX}{pid}.json'),
+        {'version': VERSION, 'families': families},
+    )
+
+
+def _write(path, data):
+    temporary = f'{path}.{os.getpid()}.{threading.get_ident()}.tmp'
+    try:
+        with open(temporary, 'w') as file:
+            json.dump(data, file)
+        os.replace(temporary, path)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.remove(temporary)
+        raise
 
 
 def _alive(pid):
@@ -514,29 +631,148 @@ def _alive(pid):
     return True
 
 
-def read_metrics(directory):
-    """The metric families of every process that wrote to ``directory``,
-    summed: counters and histograms of processes that ended still count
-    (a counter never goes down), gauges only of the living."""
-    total = {}
-    for entry in sorted(os.listdir(directory)):
-        if not (entry.startswith(FILE_PREFIX) and entry.endswith('.json')):
+def _number(value):
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        raise TypeError(value)
+    return value
+
+
+def _histogram(value):
+    buckets, seconds = value
+    if len(buckets) != len(BUCKETS):
+        raise ValueError(buckets)
+    return ([_number(count) for count in buckets], _number(seconds))
+
+
+_VALUES = {'counter': _number, 'gauge': _number, 'histogram': _histogram}
+
+
+def _load(path):
+    """The metric families a file holds, checked through; None for a file
+    that cannot be read, or that this version did not write."""
+    try:
+        with open(path) as file:
+            data = json.load(file)
+        if data['version'] != VERSION:
+            return None
+        if not all(isinstance(name, str) for name in data.get('folded', [])):
+            return None
+        families = {}
+        for name, (kind, text, samples) in data['families'].items():
+            value = _VALUES[kind]
+            if not isinstance(text, str):
+                raise TypeError(text)
+            checked = []
+            for labels, number in samples:
+                if not all(
+                    isinstance(k, str) and isinstance(v, str)
+                    for k, v in labels.items()
+                ):
+                    raise TypeError(labels)
+                checked.append((labels, value(number)))
+            families[name] = (kind, text, checked)
+        return {**data, 'families': families}
+    except (OSError, ValueError, TypeError, KeyError, AttributeError):
+        return None
+
+
+def _files(directory):
+    """``{file name: pid}`` of the processes' files in ``directory``;
+    the temporary files of processes that ended are removed."""
+    found = {}
+    for entry in os.listdir(directory):
+        if not entry.startswith(FILE_PREFIX) or entry == ENDED:
             continue
-        with contextlib.suppress(OSError, ValueError):
-            with open(os.path.join(directory, entry)) as file:
-                data = json.load(file)
-            alive = _alive(data['pid'])
-            for name, (kind, text, samples) in data['families'].items():
-                if kind == 'gauge' and not alive:
-                    continue
-                sums = total.setdefault(name, (kind, text, {}))[2]
-                for labels, value in samples:
-                    key = tuple(sorted(labels.items()))
-                    sums[key] = _add(sums.get(key), value)
+        pid, _, rest = entry[len(FILE_PREFIX) :].partition('.')
+        if not pid.isdigit():
+            continue
+        if rest == 'json':
+            found[entry] = int(pid)
+        elif rest.endswith('.tmp') and not _alive(int(rest.split('.')[1])):
+            with contextlib.suppress(OSError):
+                os.remove(os.path.join(directory, entry))
+    return found
+
+
+def _sum(total, families, gauges=True):
+    """Add ``families`` into ``total`` (``{name: (kind, text, {labels:
+    value})}``); nothing of them if one is of another kind there."""
+    for name, (kind, _, _) in families.items():
+        if name in total and total[name][0] != kind:
+            return False
+    for name, (kind, text, samples) in families.items():
+        if kind == 'gauge' and not gauges:
+            continue
+        sums = total.setdefault(name, (kind, text, {}))[2]
+        for labels, value in samples:
+            key = tuple(sorted(labels.items()))
+            sums[key] = _add(sums.get(key), value)
+    return True
+
+
+def _families(total):
     return {
         name: (kind, text, [(dict(key), v) for key, v in sums.items()])
         for name, (kind, text, sums) in total.items()
     }
+
+
+def read_metrics(directory):
+    """The metric families of every process that wrote to ``directory``,
+    summed: counters and histograms of processes that ended still count
+    (a counter never goes down), gauges only of the living.
+
+    The files of processes that ended are folded into one
+    (:data:`ENDED`) and removed, so that a server that replaces its
+    workers is not left with a file per worker it ever had. A file that
+    is not valid is left out whole, with a warning. Every process that
+    reads does so holding an exclusive ``flock`` of :data:`LOCK`.
+    """
+    with open(os.path.join(directory, LOCK), 'a') as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        files = _files(directory)
+        ended = _load(os.path.join(directory, ENDED)) or {'families': {}}
+        ended_total = {}
+        _sum(ended_total, ended['families'])
+        dead, living = [], []
+        for entry, pid in sorted(files.items()):
+            if _alive(pid):
+                living.append(entry)
+                continue
+            dead.append(entry)
+            if entry in ended.get('folded', ()):
+                continue  # folded already, but its removal failed
+            families = _load(os.path.join(directory, entry))
+            if families is None or not _sum(
+                ended_total, families['families'], gauges=False
+            ):
+                _left_out(entry)
+        if dead:
+            _write(
+                os.path.join(directory, ENDED),
+                {
+                    'version': VERSION,
+                    'families': _families(ended_total),
+                    'folded': dead,
+                },
+            )
+            for entry in dead:
+                with contextlib.suppress(OSError):
+                    os.remove(os.path.join(directory, entry))
+        total = {}
+        _sum(total, _families(ended_total))
+        for entry in living:
+            families = _load(os.path.join(directory, entry))
+            if families is None or not _sum(total, families['families']):
+                _left_out(entry)
+    return _families(total)
+
+
+def _left_out(entry):
+    log.warning(
+        'stats: %s left out: not a file of this version of pyramid_dbtune',
+        entry,
+    )
 
 
 def _add(total, value):
@@ -566,8 +802,15 @@ class Collector:
         if stats.multiprocess_dir is None:
             families = stats.metrics()
         else:
-            write_metrics(stats.multiprocess_dir, os.getpid(), stats.metrics())
-            families = read_metrics(stats.multiprocess_dir)
+            stats.flush()
+            try:
+                families = read_metrics(stats.multiprocess_dir)
+            except OSError as exc:
+                log.warning(
+                    'stats: cannot read %s (%s): this process\'s figures only',
+                    stats.multiprocess_dir, exc,
+                )  # fmt: skip
+                families = stats.metrics()
         kinds = {
             'counter': CounterMetricFamily,
             'gauge': GaugeMetricFamily,

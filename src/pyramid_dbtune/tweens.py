@@ -13,6 +13,8 @@ import itertools
 from threading import get_ident
 from time import perf_counter, thread_time
 
+from pyramid_retry import is_error_retryable
+
 from .stats import CPU_EVERY
 
 # % formats floats faster than f-strings do (see the module's text).
@@ -83,14 +85,15 @@ def timing_tween_factory(handler, registry):
         cpu = None
         if record is not None:
             if len(active) > stats.peak_in_flight:
-                stats.peak_in_flight = len(active)
+                stats.note_peak()
             if not next(turn) % CPU_EVERY:
                 cpu = thread_time()
         start = perf_counter()
         try:
             response = handler(request)
-        except BaseException:
-            if record is not None:
+        except BaseException as exc:
+            # An attempt that pyramid_retry runs again is not counted.
+            if record is not None and not is_error_retryable(request, exc):
                 record(ident, request, perf_counter() - start, True, cpu)
             raise
         finally:
@@ -99,7 +102,7 @@ def timing_tween_factory(handler, registry):
             else:
                 active[ident] = outer
         end = perf_counter()
-        if record is not None:
+        if record is not None and not _retried(request):
             record(ident, request, end - start, response.status[0] == '5', cpu)
             if end >= stats.next_tick:
                 stats.tick(end)
@@ -110,3 +113,11 @@ def timing_tween_factory(handler, registry):
         return response
 
     return timing_tween
+
+
+def _retried(request):
+    """True when pyramid_retry will run this request again: an exception
+    view answered an error it retries (the attempt is not counted; the
+    one that answers is)."""
+    exc = request.__dict__.get('exception')
+    return exc is not None and is_error_retryable(request, exc)
