@@ -425,12 +425,11 @@ class Proxy:
 
     def __init__(self, target_port):
         self.target = target_port
+        self.port = None
         #: ``mangle(data)``: the server's bytes as the client gets them, a
         #: list of pieces sent one by one; an empty list, or an empty
         #: piece, hangs up there.
         self.mangle = None
-        self.port = random.randrange(20000, 32000)
-        self.address = f'127.0.0.1:{self.port}'
         self._sockets = []
         self._lock = threading.Lock()
         self.mend()
@@ -438,7 +437,21 @@ class Proxy:
     def mend(self):
         listener = socket.socket()
         listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        listener.bind(('127.0.0.1', self.port))
+        if self.port is None:
+            # Below Linux's ephemeral range, as for Memcached; another on
+            # a clash with a server of another test.
+            for _ in range(20):
+                self.port = random.randrange(20000, 32000)
+                try:
+                    listener.bind(('127.0.0.1', self.port))
+                    break
+                except OSError:
+                    continue
+            else:
+                raise OSError('no free port for the proxy')
+            self.address = f'127.0.0.1:{self.port}'
+        else:
+            listener.bind(('127.0.0.1', self.port))
         listener.listen(16)
         self._listener = listener
         threading.Thread(
