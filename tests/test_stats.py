@@ -128,6 +128,10 @@ def test_server_timing_names_stale_and_waited_when_there_are_some():
         'db-queries;desc=2, write-slot;dur=2.000, cache-hit;desc=1, '
         'cache-miss;desc=2, cache-stale;desc=3'
     )
+    Context.cache = {'hit': 0, 'miss': 0, 'stale': 0, 'waited': 4}
+    assert tweens.server_timing(request, 0.01).endswith(
+        'cache-hit;desc=0, cache-miss;desc=0, cache-waited;desc=4'
+    )
 
 
 def stats_of(app):

@@ -15,6 +15,7 @@ from time import perf_counter, thread_time
 
 from pyramid_retry import is_error_retryable
 
+from .cache import HIT, MISS, STALE, WAITED
 from .stats import CPU_EVERY
 
 # % formats floats faster than f-strings do (see the module's text).
@@ -42,12 +43,13 @@ def server_timing(request, seconds):
         write * 1000,
         context.queries,
         context.unit.write_wait * 1000,
-        cache['hit'],
-        cache['miss'],
+        cache[HIT],
+        cache[MISS],
     )
-    for outcome in ('stale', 'waited'):
-        if cache[outcome]:
-            text += f', cache-{outcome};desc={cache[outcome]}'
+    if cache[STALE]:
+        text += f', cache-stale;desc={cache[STALE]}'
+    if cache[WAITED]:
+        text += f', cache-waited;desc={cache[WAITED]}'
     return text
 
 
@@ -102,10 +104,15 @@ def timing_tween_factory(handler, registry):
             else:
                 active[ident] = outer
         end = perf_counter()
-        if record is not None and not _retried(request):
-            record(ident, request, end - start, response.status[0] == '5', cpu)
-            if end >= stats.next_tick:
-                stats.tick(end)
+        if record is not None:
+            # An exception view's answer that pyramid_retry will run again
+            # is not counted; the attempt that answers is.
+            exc = request.__dict__.get('exception')
+            if exc is None or not is_error_retryable(request, exc):
+                error = response.status[0] == '5'
+                record(ident, request, end - start, error, cpu)
+                if end >= stats.next_tick:
+                    stats.tick(end)
         if header:
             response.headerlist.append(
                 ('Server-Timing', server_timing(request, end - start))
@@ -113,11 +120,3 @@ def timing_tween_factory(handler, registry):
         return response
 
     return timing_tween
-
-
-def _retried(request):
-    """True when pyramid_retry will run this request again: an exception
-    view answered an error it retries (the attempt is not counted; the
-    one that answers is)."""
-    exc = request.__dict__.get('exception')
-    return exc is not None and is_error_retryable(request, exc)
