@@ -354,6 +354,22 @@ def test_two_workers_run_cpu_work_in_parallel(gunicorn):
     assert not report['far_below']
 
 
+def test_two_workers_that_take_turns_are_far_below(gunicorn, tmp_path):
+    # Both workers lock one file around every request: together they
+    # serve one request at a time, which reads about 1, far below 2.
+    url = gunicorn('--workers', '2', '--threads', '1', '-k', 'sync',
+                   env={'DBTUNE_PROBE_LOCK': str(tmp_path / 'lock')},
+                   workers=2)  # fmt: skip
+    report = threadcheck.check(
+        url, concurrency=8, duration=1, ms=40, token=TOKEN, probes=('io',)
+    )
+    assert parallelism(report, 'io') < 1.4, report
+    assert report['far_below'] == ['io']
+    assert (
+        'far below the 2 this server claims (2 × 1)' in (report['verdict'][0])
+    )
+
+
 def test_preload_with_a_pool_opened_before_the_fork(gunicorn, server_url):
     # The app reads at start-up, so the master's pools hold connections
     # when it forks; each worker must use connections of its own.

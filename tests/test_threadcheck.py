@@ -282,7 +282,7 @@ def test_judge_a_busy_host():
     assert judge('cpu', 0.8, capacity, 8, share=0.8)[1] is True
     sentence, far = judge('cpu', 0.8, capacity, 8, share=0.3)
     assert not far
-    assert 'the host is busy: a CPU request alone got 30% of a core' in (
+    assert 'the host is busy: CPU requests got 30% of a core while' in (
         sentence
     )
     # I/O readings do not need free cores.
@@ -468,3 +468,37 @@ def test_the_sql_probe_alone_of_an_app_without_a_database(serve):
     # Without the token, no probe answers: the usual message.
     status, _, err = run(url, '--duration', '0.1', '--probes', 'sql')
     assert status == 2 and 'set dbtune.probes = true' in err
+
+
+def timed(pid, began, seconds, cpu):
+    return {
+        'probe': 'cpu', 'ms': 40, 'pid': pid, 'thread': 1,
+        'began': began, 'ended': began + seconds, 'seconds': seconds,
+        'cpu_seconds': cpu, 'claims': claims(),
+    }  # fmt: skip
+
+
+def test_cpu_readings_are_of_the_cores_the_processes_got():
+    # Two processes, two requests each, one after the other: another
+    # program had half of each core, so each request took twice its CPU
+    # time, and the round as long as one process doing all of it.
+    result = threadcheck.Measurement('cpu', 4, 'cpu_seconds')
+    for _ in range(3):
+        result.alone += [timed(1, 0, 0.04, 0.04)]  # alone, a whole core
+        result.answers += [
+            timed(1, 0, 0.08, 0.04), timed(1, 0.08, 0.08, 0.04),
+            timed(2, 0, 0.08, 0.04), timed(2, 0.08, 0.08, 0.04),
+        ]  # fmt: skip
+        result.rounds.append(0.17)
+        result.baseline.append(0.01)
+    assert result.raw_parallelism == pytest.approx(1)
+    assert result.round_core_share == pytest.approx(0.5)
+    assert result.parallelism == pytest.approx(2)
+    # One process whose 4 threads take turns for the GIL: it used its
+    # whole core; the reading stays 1.
+    result.answers = [
+        timed(1, 0, 0.16, 0.04) for _ in range(4)
+    ] * 3  # fmt: skip
+    result.rounds = [0.17] * 3
+    assert result.round_core_share == pytest.approx(1)
+    assert result.parallelism == pytest.approx(1)

@@ -42,8 +42,10 @@ MIN_MS = 10
 #: Where one request at a time is claimed, a parallelism below this says
 #: that requests queued before the application took them.
 QUEUED = 0.7
-#: A CPU probe alone that gets less of a core than this: the host is busy.
-BUSY = 0.7
+#: CPU probes that get less of a core than this, alone or in the rounds
+#: (see :attr:`Measurement.round_core_share`): the host is too busy for
+#: a CPU reading. Above it, the reading is divided by the share.
+BUSY = 0.4
 NAMES = {'io': 'I/O', 'cpu': 'CPU', 'sql': 'SQL'}
 #: Worker classes whose requests run on green threads, not OS threads.
 GREEN = ('gevent', 'eventlet', 'gevent_wsgi', 'gevent_pywsgi')
@@ -169,18 +171,43 @@ class Measurement:
     @property
     def parallelism(self):
         """:attr:`raw_parallelism`; for CPU work, each round's reading ÷
-        the share of a core that the request sent alone just before it
-        got (see :attr:`core_share`): relative to what one request gets
-        on the host at the time, so that other load on the host, which
-        slows both alike, does not read as the server's doing."""
+        the share of a core its processes got while they had work (see
+        :attr:`round_core_share`), so that other programs that take part
+        of the cores do not read as the server's doing."""
         if self.work_of != 'cpu_seconds':
             return self.raw_parallelism
         return statistics.median(
-            min(most, value / _share(alone))
-            for (value, most), alone in zip(
-                self._parallelisms(), self.alone, strict=True
+            min(most, value / share)
+            for (value, most), share in zip(
+                self._parallelisms(), self._round_shares(), strict=True
             )
         )
+
+    def _round_shares(self):
+        """Each round's share of a core that its processes got while
+        they had a request in a view: their CPU time ÷ the time they had
+        one (the GIL does not lower it: a process whose threads take
+        turns still uses its core)."""
+        n = self.concurrency
+        shares = []
+        for i, alone in enumerate(self.alone):
+            answers = self.answers[i * n : i * n + n]
+            if not all('began' in a for a in answers):
+                shares.append(_share(alone))  # an older pyramid_dbtune
+                continue
+            cpu = busy = 0.0
+            for pid in {a['pid'] for a in answers}:
+                mine = [a for a in answers if a['pid'] == pid]
+                cpu += sum(a['cpu_seconds'] for a in mine)
+                busy += _union(mine)
+            shares.append(min(1.0, max(cpu / max(busy, 1e-9), 0.01)))
+        return shares
+
+    @property
+    def round_core_share(self):
+        """The share of a core the processes got while they had work in
+        the rounds (median): below 1, other programs had the cores."""
+        return statistics.median(self._round_shares())
 
     @property
     def throughput_ratio(self):
@@ -217,6 +244,7 @@ class Measurement:
             + self.concurrency * (len(self.rounds) + len(self.baseline)),
             'served': {str(p): t for p, t in self.served.items()},
             'core_share_alone': round(self.core_share, 2),
+            'core_share_in_rounds': round(self.round_core_share, 2),
         }
 
 
@@ -246,6 +274,16 @@ def _most_at_once(answers):
         inside += step
         most = max(most, inside)
     return most
+
+
+def _union(answers):
+    """Seconds in which at least one of ``answers`` was in its view."""
+    total, end = 0.0, float('-inf')
+    for began, ended in sorted((a['began'], a['ended']) for a in answers):
+        if ended > end:
+            total += ended - max(began, end)
+            end = ended
+    return total
 
 
 def _share(answer):
@@ -393,14 +431,15 @@ def _count(number, noun, plural=None):
 def judge(probe, measured, capacity, concurrency, db_wait=True, share=1.0):
     """A sentence on one probe's parallelism, and whether it is far
     below what the configuration claims. ``share``: of a core, that the
-    probe got alone (see :attr:`Measurement.core_share`)."""
+    probe got, alone or in the rounds, whichever is less (see
+    :attr:`Measurement.core_share`)."""
     expected = capacity.expected(probe, concurrency, db_wait)
     head = f'{NAMES[probe]}: {measured:.1f} of {concurrency}'
     if probe == 'cpu' and share < BUSY:
         return (
-            f'{head} — the host is busy: a CPU request alone got '
-            f'{share:.0%} of a core, so this reading says little about '
-            'the server; run again when the host is quiet',
+            f'{head} — the host is busy: CPU requests got {share:.0%} of '
+            'a core while they ran, so this reading says little about the '
+            'server; run again when the host is quiet',
             False,
         )
     if probe == 'sql' and not db_wait:
@@ -542,7 +581,7 @@ def check(
             capacity,
             concurrency,
             db_wait,
-            result.core_share,
+            min(result.core_share, result.round_core_share),
         )
         report['probes'][probe] = {
             **result.as_dict(),
