@@ -18,6 +18,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
+import sqlalchemy as sa
 from gunicorn.app.wsgiapp import WSGIApplication
 from gunicorn.config import KNOWN_SETTINGS, Config
 from gunicorn.workers.gthread import ThreadWorker
@@ -51,10 +52,13 @@ def nothing_declared(monkeypatch):
 def test_the_module_sets_only_what_it_means_to():
     names = {s.name for s in KNOWN_SETTINGS}
     assert names & set(vars(config_module)) == {
-        'workers', 'threads', 'worker_class', 'post_fork', 'post_worker_init'
+        'workers', 'threads', 'worker_class', 'post_fork', 'post_worker_init',
+        'when_ready',
     }  # fmt: skip
     # `from pyramid_dbtune.gunicorn import *` takes the hooks alone.
-    assert config_module.__all__ == ['post_fork', 'post_worker_init']
+    assert config_module.__all__ == [
+        'post_fork', 'post_worker_init', 'when_ready'
+    ]  # fmt: skip
 
 
 def gunicorn_config(monkeypatch, *flags):
@@ -72,7 +76,7 @@ def gunicorn_config(monkeypatch, *flags):
 def test_defaults_from_the_host_and_flags_win(monkeypatch):
     cfg = gunicorn_config(monkeypatch)
     assert cfg.workers == config_module.default_workers()
-    assert config_module.default_workers({}) == len(os.sched_getaffinity(0))
+    assert config_module.default_workers({}) == probes.usable_cores()
     assert (cfg.threads, cfg.worker_class_str) == (4, 'gthread')
     assert cfg.post_fork is config_module.post_fork
     cfg = gunicorn_config(monkeypatch, '--workers', '3', '--threads', '1',
@@ -82,7 +86,7 @@ def test_defaults_from_the_host_and_flags_win(monkeypatch):
 
 
 def test_web_concurrency():
-    cores = len(os.sched_getaffinity(0))
+    cores = probes.usable_cores()
     assert config_module.default_workers({'WEB_CONCURRENCY': '3'}) == 3
     assert config_module.default_workers({'WEB_CONCURRENCY': ' '}) == cores
     for bad in ('x', '0', '-2'):
@@ -188,6 +192,42 @@ def test_sync_asked_for_but_gthread_run(monkeypatch, caplog):
         made.cfg = gunicorn_config(monkeypatch, *flags)
         config_module.post_worker_init(made)
     assert caplog.text == ''
+
+
+class Arbiter:
+    """What when_ready uses of gunicorn's arbiter: its configuration, and
+    its application, which loads the WSGI app when asked."""
+
+    def __init__(self, cfg, wsgi):
+        self.cfg = cfg
+        self.app = self
+        self.wsgi = wsgi
+
+
+def test_when_ready_closes_the_masters_connections(monkeypatch, db_url):
+    with Configurator(settings={'dbtune.url': db_url}) as config:
+        config.include('pyramid_dbtune')
+        app = config.make_wsgi_app()
+    router = app.registry.dbtune.router
+    router.read(sa.text('SELECT 1'), {}, 0)  # as the app may, loading
+    pool = router.readers[0].engine.pool
+    assert pool.checkedin() == 1
+    loaded = []
+
+    def wsgi():
+        loaded.append(True)
+        return Wrapper(app)
+
+    # Without --preload the master has no application: none is loaded.
+    config_module.when_ready(Arbiter(gunicorn_config(monkeypatch), wsgi))
+    assert loaded == [] and pool.checkedin() == 1
+    cfg = gunicorn_config(monkeypatch, '--preload')
+    config_module.when_ready(Arbiter(cfg, wsgi))
+    assert router.readers[0].engine.pool.checkedin() == 0
+    # An application without a database, or not Pyramid's: nothing to do.
+    for other in (make_plain_app(), None):
+        config_module.when_ready(Arbiter(cfg, lambda a=other: a))
+    router.dispose()
 
 
 def make_plain_app():

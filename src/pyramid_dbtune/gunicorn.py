@@ -26,7 +26,7 @@ import os
 
 from . import forks, probes
 
-__all__ = ['post_fork', 'post_worker_init']
+__all__ = ['post_fork', 'post_worker_init', 'when_ready']
 
 #: Threads per worker in the default configuration.
 THREADS_PER_WORKER = 4
@@ -144,3 +144,19 @@ def post_worker_init(worker):
                 pool,
                 count,
             )
+
+
+def when_ready(server):
+    """In the master, once it is ready, before it forks the workers.
+
+    With ``--preload``, closes the connections the application opened in
+    the master while loading: the workers drop their copies unclosed and
+    open their own, so the master's would stay open, idle, for as long as
+    it runs. Without ``--preload`` the master has no application: nothing
+    to do (and nothing is loaded).
+    """
+    if not server.cfg.preload_app:
+        return
+    runtime = _dbtune_of(server.app.wsgi())
+    if runtime is not None and runtime.router is not None:
+        runtime.router.dispose()
