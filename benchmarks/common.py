@@ -1,9 +1,11 @@
 """What the benchmarks share: timing, a scratch PostgreSQL schema, and
 servers started on loopback (the tests start theirs with these too)."""
 
+import contextlib
 import os
 import re
 import shutil
+import signal
 import socket
 import subprocess
 import sys
@@ -76,8 +78,14 @@ def start_server(command, port, env=None, timeout=30):
     # A file, not a pipe: a server that logs under load fills a pipe that
     # nobody reads, and stalls.
     log = tempfile.TemporaryFile()  # noqa: SIM115 (lives with the server)
+    # A session of its own: stop_server ends its whole process group,
+    # workers included.
     process = subprocess.Popen(
-        command, env=env, stdout=subprocess.DEVNULL, stderr=log
+        command,
+        env=env,
+        stdout=subprocess.DEVNULL,
+        stderr=log,
+        start_new_session=True,
     )
     process.log = log
     deadline = time.monotonic() + timeout
@@ -94,13 +102,17 @@ def start_server(command, port, env=None, timeout=30):
     raise RuntimeError(f'{command[0]} did not start on port {port}')
 
 
-def stop_server(process):
+def stop_server(process, timeout=10):
+    """Stop a server of :func:`start_server`: SIGTERM to it, and after it
+    has gone or ``timeout`` seconds, SIGKILL to whatever of its process
+    group is left (gunicorn's workers, when the master did not stop
+    them)."""
     process.terminate()
-    try:
-        process.wait(10)
-    except subprocess.TimeoutExpired:
-        process.kill()
-        process.wait(10)
+    with contextlib.suppress(subprocess.TimeoutExpired):
+        process.wait(timeout)
+    with contextlib.suppress(ProcessLookupError):  # nothing was left
+        os.killpg(process.pid, signal.SIGKILL)
+    process.wait(timeout)
 
 
 def gunicorn_command(port, *args, app='probe_app:app_factory()'):
@@ -114,6 +126,8 @@ def gunicorn_command(port, *args, app='probe_app:app_factory()'):
         '-c', 'python:pyramid_dbtune.gunicorn',
         '--bind', f'127.0.0.1:{port}',
         '--log-level', 'warning',
+        # Workers get 5 s to finish their requests when stopped, not 30.
+        '--graceful-timeout', '5',
     ]  # fmt: skip
     # Servers run side by side: none may take the one control socket.
     if any(s.name == 'control_socket_disable' for s in KNOWN_SETTINGS):

@@ -16,6 +16,7 @@ from pyramid.response import Response
 from pyramid_retry import RetryableException
 from webtest import TestApp
 
+from pyramid_dbtune import forks
 from pyramid_dbtune.fastpath import (
     FastPathError,
     deep_check,
@@ -467,6 +468,21 @@ def test_a_hung_ping_is_given_up_for_a_new_one(silent_server, monkeypatch):
     # The first ping, then three more each given up on in turn, no more.
     health = fastpath._health_of(pyramid_app.registry.dbtune)
     assert health.stranded == 3 and health.running is not None
+    # In a child forked now, the pings in flight and the locks are the
+    # parent's: the deep check starts afresh.
+    health.lock.acquire()  # as another thread of the parent may hold it
+    monkeypatch.setattr(forks, '_objects', forks.weakref.WeakSet([health]))
+    monkeypatch.setattr(forks, '_owner', -1)
+    monkeypatch.setattr(forks, 'renewed', 0)
+    forks.renew()
+    assert health.stranded == 0 and health.running is None
+    assert not health.lock.locked()
+    fastpath._healths_lock.acquire()
+    try:
+        fastpath._new_healths_lock()  # what os.fork runs in the child
+        assert not fastpath._healths_lock.locked()
+    finally:
+        monkeypatch.setattr(fastpath, '_healths_lock', threading.Lock())
 
 
 @pytest.mark.parametrize(

@@ -1,5 +1,6 @@
 """The probe views: off by default, guarded, and each does its work."""
 
+import os
 import sys
 import types
 
@@ -80,12 +81,15 @@ def test_cpu_probe_uses_the_cpu_it_was_asked_for():
     assert answer['seconds'] >= answer['cpu_seconds'] * 0.9
 
 
-@pytest.mark.parametrize('ms', ['abc', '-1', '10001', '1.5', '٣'])
+@pytest.mark.parametrize(
+    'ms', ['abc', '-1', '10001', '1.5', '٣', '9' * 5000, '0' * 5000 + '5']
+)
 def test_bad_milliseconds_are_a_400(ms):
     response = get(make(**ON), 'io', status=400, ms=ms)
     assert 'ms must be a whole number of milliseconds from 0 to 10000' in (
         response.text
     )
+    assert len(response.text) < 1000  # the text is not echoed whole
 
 
 def test_default_milliseconds():
@@ -148,6 +152,26 @@ class Renewable:
         self.renewed += 1
 
 
+class Failing:
+    def after_fork(self):
+        raise RuntimeError('cannot renew')
+
+
+def test_a_failing_renewal_does_not_stop_the_others(monkeypatch, caplog):
+    objects = [Failing(), Renewable(), Failing(), Renewable()]
+    monkeypatch.setattr(forks, '_objects', forks.weakref.WeakSet(objects))
+    monkeypatch.setattr(forks, '_owner', -1)  # as in a forked child
+    monkeypatch.setattr(forks, 'renewed', 0)
+    monkeypatch.setattr(forks, 'failures', [])
+    assert forks.renew() == 2
+    assert [o.renewed for o in objects[1::2]] == [1, 1]
+    assert sorted(id(o) for o, _ in forks.failures) == sorted(
+        id(o) for o in objects[::2]
+    )
+    assert caplog.text.count('could not renew') == 2
+    assert forks.renew() == 0  # once per process, all the same
+
+
 def test_forks_renew_once_per_process(monkeypatch):
     obj = Renewable()
     monkeypatch.setattr(forks, '_objects', forks.weakref.WeakSet())
@@ -158,3 +182,59 @@ def test_forks_renew_once_per_process(monkeypatch):
     assert forks.renew() == 1
     assert forks.renew() == 0  # a hook calling it again
     assert obj.renewed == 1 and forks.renewed == 1
+
+
+def cgroup(tmp_path, own, files):
+    """A cgroup tree under ``tmp_path``: ``own``, the text of
+    /proc/self/cgroup; ``files``, path: text."""
+    for path, text in files.items():
+        (tmp_path / path).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / path).write_text(text)
+    (tmp_path / 'own').write_text(own)
+    return str(tmp_path / 'fs'), str(tmp_path / 'own')
+
+
+@pytest.mark.parametrize(
+    'own, files, cpus',
+    [
+        # cgroup v2: the quota of the process's cgroup, or one above it.
+        ('0::/\n', {'fs/cpu.max': '150000 100000\n'}, 2),
+        ('0::/\n', {'fs/cpu.max': 'max 100000\n'}, None),
+        ('0::/a/b\n', {'fs/a/b/cpu.max': 'max 100000\n',
+                       'fs/a/cpu.max': '100000 100000\n'}, 1),
+        ('0::/a\n', {'fs/a/cpu.max': '400000 100000\n',
+                     'fs/cpu.max': '300000 100000\n'}, 3),
+        ('0::/\n', {'fs/cpu.max': '20000 100000\n'}, 1),  # a fifth: 1
+        # cgroup v1, the cpu controller alone or with cpuacct.
+        ('1:cpu:/\n', {'fs/cpu/cpu.cfs_quota_us': '250000\n',
+                       'fs/cpu/cpu.cfs_period_us': '100000\n'}, 3),
+        ('4:cpu,cpuacct:/docker/x\n',
+         {'fs/cpu,cpuacct/docker/x/cpu.cfs_quota_us': '-1\n',
+          'fs/cpu,cpuacct/docker/x/cpu.cfs_period_us': '100000\n',
+          'fs/cpu,cpuacct/cpu.cfs_quota_us': '100000\n',
+          'fs/cpu,cpuacct/cpu.cfs_period_us': '100000\n'}, 1),
+        ('1:cpu:/\n', {'fs/cpu/cpu.cfs_quota_us': '-1\n',
+                       'fs/cpu/cpu.cfs_period_us': '100000\n'}, None),
+        # A quota without its period, nonsense, no cgroup at all.
+        ('1:cpu:/\n', {'fs/cpu/cpu.cfs_quota_us': '100000\n'}, None),
+        ('0::/\n', {'fs/cpu.max': 'nonsense\n'}, None),
+        ('garbage\n', {}, None),
+    ],
+)  # fmt: skip
+def test_cgroup_cpus(tmp_path, own, files, cpus):
+    root, own_file = cgroup(tmp_path, own, files)
+    assert probes.cgroup_cpus(root, own_file) == cpus
+
+
+def test_no_proc_self_cgroup(tmp_path):
+    root, _ = cgroup(tmp_path, '', {'fs/cpu.max': '100000 100000\n'})
+    assert probes.cgroup_cpus(root, str(tmp_path / 'none')) == 1
+
+
+def test_usable_cores_take_the_quota(tmp_path):
+    affinity = len(os.sched_getaffinity(0))
+    assert probes.usable_cores(str(tmp_path)) == affinity
+    (tmp_path / 'cpu.max').write_text('100000 100000\n')
+    assert probes.usable_cores(str(tmp_path)) == min(1, affinity)
+    (tmp_path / 'cpu.max').write_text(f'{affinity + 3}00000 100000\n')
+    assert probes.usable_cores(str(tmp_path)) == affinity

@@ -6,8 +6,11 @@ threads that cannot run waits in parallel, which threadcheck must call
 far below its claims. The gunicorn servers are in test_gunicorn.py.
 """
 
+import contextlib
 import io
 import json
+import os
+import socket
 import subprocess
 import sys
 import threading
@@ -48,24 +51,25 @@ def probe_app(url=None):
 def serve():
     """``serve(app, threads)``: the URL of a server for ``app``: wsgiref
     for one thread, waitress for more."""
-    stops = []
+    with contextlib.ExitStack() as stops:
 
-    def start(app, threads=1):
-        if threads == 1:
-            server = make_server('127.0.0.1', 0, app, OneAtATime, Quiet)
-            threading.Thread(target=server.serve_forever, daemon=True).start()
-            stops.append(lambda: (server.shutdown(), server.server_close()))
-            return f'http://127.0.0.1:{server.server_port}'
-        server = waitress.server.create_server(
-            app, host='127.0.0.1', port=0, threads=threads
-        )
-        threading.Thread(target=server.run, daemon=True).start()
-        stops.append(server.close)
-        return f'http://127.0.0.1:{server.effective_port}'
+        def start(app, threads=1):
+            if threads == 1:
+                server = make_server('127.0.0.1', 0, app, OneAtATime, Quiet)
+                threading.Thread(
+                    target=server.serve_forever, daemon=True
+                ).start()
+                stops.callback(server.server_close)
+                stops.callback(server.shutdown)
+                return f'http://127.0.0.1:{server.server_port}'
+            server = waitress.server.create_server(
+                app, host='127.0.0.1', port=0, threads=threads
+            )
+            threading.Thread(target=server.run, daemon=True).start()
+            stops.callback(server.close)
+            return f'http://127.0.0.1:{server.effective_port}'
 
-    yield start
-    for stop in stops:
-        stop()
+        yield start
 
 
 def behind_a_lock(app):
@@ -146,7 +150,7 @@ def test_no_probes_there(serve):
 
 def test_an_app_without_a_database_skips_the_sql_probe(serve, capsys):
     url = serve(probe_app())
-    argv = ['threadcheck', url, '-n', '2', '-d', '0.1', '--ms', '1', '--json']
+    argv = ['threadcheck', url, '-n', '2', '-d', '0.1', '--ms', '10', '--json']
     assert cli.main([*argv, '--token', TOKEN]) == 0
     assert set(json.loads(capsys.readouterr().out)['probes']) == {'io', 'cpu'}
 
@@ -176,7 +180,10 @@ def test_not_a_probe_answering(serve):
     [
         (['--concurrency', '1'], "'1' is not valid: expected a number from 2"),
         (['--duration', 'x'], "'x' is not valid"),
-        (['--ms', '10001'], 'from 1 to 10000'),
+        (['--ms', '10001'], 'from 10 to 10000'),
+        (['--ms', '5'], 'from 10 to 10000'),
+        (['--duration', 'nan'], "'nan' is not valid"),
+        (['--duration', 'inf'], "'inf' is not valid"),
         (['--probes', 'io,gpu'], 'expected probes among io, cpu, sql'),
         (['--probes', ','], 'expected probes among'),
     ],
@@ -204,8 +211,11 @@ def claims(**kw):
     return {
         'software': None, 'multithread': False, 'multiprocess': False,
         'server': None, 'workers': None, 'threads': None,
-        'worker_class': None, 'cores': 2, **kw,
+        'worker_class': None, 'cores': CORES, **kw,
     }  # fmt: skip
+
+
+CORES = len(os.sched_getaffinity(0))
 
 
 @pytest.mark.parametrize(
@@ -219,6 +229,9 @@ def claims(**kw):
         ({'multiprocess': True}, {1: [1], 2: [2]}, (2, 1)),
         ({'multiprocess': True}, {1: [1]}, (2, 1)),
         ({}, {1: [1]}, (1, 1)),
+        # Never fewer than served: several servers behind a balancer.
+        ({'workers': 1, 'threads': 1}, {1: [1], 2: [2], 3: [3]}, (3, 1)),
+        ({'workers': 1, 'threads': 2}, {1: [1, 2, 3]}, (1, 3)),
     ],
 )
 def test_capacity(kw, served, expected):
@@ -238,8 +251,26 @@ def test_capacity(kw, served, expected):
         ('cpu', 0.9, {'workers': 4, 'threads': 1}, 'CPU affinity', True),
         ('cpu', 1.0, {'workers': 4, 'cores': 1}, 'has 1 core', False),
         ('sql', 2.0, {'workers': 1, 'threads': 8}, 'read_pool_size', True),
+        # Two processes that run one request at a time are far below.
+        ('cpu', 1.0, {'workers': 2, 'cores': 2}, 'far below the 2', True),
+        ('io', 1.4, {'workers': 2}, 'far below the 2', True),
+        ('io', 1.6, {'workers': 2}, 'I/O: 1.6 of 8 in parallel', False),
+        # One at a time claimed: queueing outside, never far below.
+        ('io', 0.39, {'workers': 1, 'threads': 1}, 'queued before', False),
+        ('cpu', 0.5, {'workers': 1, 'threads': 8}, 'queued before', False),
+        # Well above the claim: said, not far.
+        ('io', 7.6, {'workers': 1, 'threads': 1}, 'well above the 1', False),
+        ('io', 5.0, {'workers': 2, 'threads': 1}, 'well above the 2', False),
+        ('io', 3.4, {'workers': 2, 'threads': 1}, 'in parallel', False),
+        # Green threads: one OS thread, so no GIL to blame.
+        ('cpu', 1.0, {'workers': 1, 'threads': 1000, 'cores': 2,
+                      'worker_class': 'gevent'},
+         'green threads take turns in one thread of one process; run 2 pro',
+         False),
+        ('cpu', 1.0, {'workers': 1, 'threads': 8, 'cores': 2},
+         'serialised by the GIL inside one process; run 2 pro', False),
     ],
-)
+)  # fmt: skip
 def test_judge(probe, measured, kw, words, far):
     capacity = Capacity.of(claims(**kw), {1: [1]}, 8)
     sentence, is_far = judge(probe, measured, capacity, 8)
@@ -251,7 +282,7 @@ def test_judge_a_busy_host():
     assert judge('cpu', 0.8, capacity, 8, share=0.8)[1] is True
     sentence, far = judge('cpu', 0.8, capacity, 8, share=0.3)
     assert not far
-    assert 'the host is busy: a CPU request alone got 30% of a core' in (
+    assert 'the host is busy: CPU requests got 30% of a core while' in (
         sentence
     )
     # I/O readings do not need free cores.
@@ -266,7 +297,208 @@ def test_progress_bar_on_a_terminal():
     stream = Terminal()
     bar = threadcheck.Progress(stream)
     bar.update('io', 0.5)
+    bar.update('io', 1.7)  # the last round runs past the duration
     bar.done('io')
     text = stream.getvalue()
     assert '\r  io [' + '#' * 15 + '.' * 15 + ']  50%' in text
+    assert '\r  io [' + '#' * 30 + '] 100%' in text
     assert text.endswith('threadcheck: io probe done\n')
+
+
+def answers(probe, count, **fields):
+    return [
+        {'probe': probe, 'ms': 10, 'seconds': 0.01, 'cpu_seconds': 0.01,
+         'pid': 1, 'thread': i, 'claims': claims(), **fields}
+        for i in range(count)
+    ]  # fmt: skip
+
+
+def test_parallelism_leaves_out_the_fixed_cost_of_requests():
+    # 8 waits of 10 ms at once, each request costing 5 ms more (HTTP,
+    # Pyramid, the client) one at a time: the round takes 10 + 8 × 5 ms,
+    # and a round of requests that do no work 8 × 5 ms.
+    result = threadcheck.Measurement('io', 8, 'seconds')
+    for _ in range(3):
+        result.single.append(0.015)
+        result.alone += answers('io', 1)
+        result.rounds.append(0.050)
+        result.answers += answers('io', 8, seconds=0.02)  # GIL waits count
+        result.baseline.append(0.040)
+    assert result.parallelism == pytest.approx(8)  # N × 15 / 50 = 2.4
+    assert result.as_dict()['work_ms'] == 80  # the waits asked for
+    # 8 CPU bursts of 10 ms one at a time: 80 ms beyond the fixed cost.
+    result = threadcheck.Measurement('cpu', 8, 'cpu_seconds')
+    for _ in range(3):
+        result.single.append(0.015)
+        result.alone += answers('cpu', 1)
+        result.rounds.append(0.120)
+        result.answers += answers('cpu', 8, seconds=0.08)
+        result.baseline.append(0.040)
+    assert result.parallelism == pytest.approx(1)  # not 8 × 15 / 120 = 1
+    # The alone request got half a core: so did the round's.
+    result.alone = answers('cpu', 3, seconds=0.02)
+    assert result.parallelism == pytest.approx(2)
+    assert result.raw_parallelism == pytest.approx(1)
+
+
+def test_parallelism_is_at_most_the_requests_seen_at_once():
+    # A one-at-a-time server whose listen backlog overflowed: the round
+    # of work and the round of no work both wait a second for the
+    # client's retries, and their difference says little. The probes'
+    # clocks show that no two requests were in a view at once.
+    result = threadcheck.Measurement('io', 8, 'seconds')
+    for _ in range(3):
+        result.rounds.append(1.5)
+        result.baseline.append(1.4)
+        result.answers += [
+            {**a, 'began': 100 + i * 0.1, 'ended': 100 + i * 0.1 + 0.05}
+            for i, a in enumerate(answers('io', 8, ms=50))
+        ]
+        result.alone += answers('io', 1)
+    assert result.parallelism == 1
+    # Two at a time, ends and beginnings at the same instant included.
+    result.answers = [
+        {
+            **a,
+            'began': 100 + i // 2 * 0.05,
+            'ended': 100 + i // 2 * 0.05 + 0.05,
+        }
+        for i, a in enumerate(answers('io', 24, ms=50))
+    ]
+    assert result.parallelism == 2
+
+
+def test_small_ms_on_a_threaded_server(serve):
+    # At 10 ms a request, the fixed cost of a request is a good part of a
+    # round's time: counted as work, it read as far below (about 4 of 8).
+    url = serve(probe_app(), threads=8)
+    for _ in range(3):
+        report = threadcheck.check(
+            url, concurrency=8, duration=0.5, ms=10, token=TOKEN,
+            probes=('io',),
+        )  # fmt: skip
+        if report['probes']['io']['parallelism'] >= 6:
+            break
+    assert report['probes']['io']['parallelism'] >= 6, report
+    assert not report['far_below']
+
+
+@pytest.fixture
+def other_host():
+    """A server on another loopback address that notes the token."""
+    seen = []
+
+    def app(environ, start_response):
+        seen.append(environ.get('HTTP_X_DBTUNE_TOKEN'))
+        start_response('404 Not Found', [('Content-Type', 'text/plain')])
+        return [b'no']
+
+    server = make_server('127.0.0.2', 0, app, OneAtATime, Quiet)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    yield f'http://127.0.0.2:{server.server_port}', seen
+    server.shutdown()
+    server.server_close()
+
+
+def test_a_redirect_is_refused_and_the_token_stays_home(serve, other_host):
+    there, seen = other_host
+
+    def redirecting(environ, start_response):
+        start_response('302 Found', [('Location', there + '/elsewhere')])
+        return [b'']
+
+    status, _, err = run(serve(redirecting), *QUICK)
+    assert status == 2, err
+    assert f'redirected to {there}/elsewhere; give that URL' in err
+    assert seen == []
+
+
+@pytest.fixture
+def not_http():
+    """A server that answers every connection with a line that is not
+    HTTP, as an SSH server does."""
+    listener = socket.socket()
+    listener.bind(('127.0.0.1', 0))
+    listener.listen()
+
+    def answer():
+        while True:
+            try:
+                connection, _ = listener.accept()
+            except OSError:
+                return  # closed
+            with connection:
+                connection.recv(1000)
+                connection.sendall(b'SSH-2.0-OpenSSH_9\r\n')
+
+    threading.Thread(target=answer, daemon=True).start()
+    yield f'http://127.0.0.1:{listener.getsockname()[1]}'
+    listener.close()
+
+
+def test_an_answer_that_is_not_http(not_http):
+    status, _, err = run(not_http, *QUICK)
+    assert status == 2
+    assert 'did not answer in HTTP: BadStatusLine' in err
+
+
+def test_not_a_url():
+    status, _, err = run('127.0.0.1:8000', *QUICK)
+    assert status == 2
+    assert "'127.0.0.1:8000' is not a URL" in err
+
+
+def test_an_unexpected_error_is_exit_2_not_far_below(monkeypatch, capsys):
+    def broken(*args, **kwargs):
+        raise KeyError('surprise')
+
+    monkeypatch.setattr(threadcheck, 'check', broken)
+    assert cli.main(['threadcheck', 'http://127.0.0.1:9']) == 2
+    assert (
+        "dbtune threadcheck: unexpected error: KeyError: 'surprise'"
+        in capsys.readouterr().err
+    )
+
+
+def test_the_sql_probe_alone_of_an_app_without_a_database(serve):
+    url = serve(probe_app())
+    status, _, err = run(url, *QUICK, '--probes', 'sql')
+    assert status == 2
+    assert 'no sql probe at' in err and 'has no database (dbtune.url)' in err
+    # Without the token, no probe answers: the usual message.
+    status, _, err = run(url, '--duration', '0.1', '--probes', 'sql')
+    assert status == 2 and 'set dbtune.probes = true' in err
+
+
+def timed(pid, began, seconds, cpu):
+    return {
+        'probe': 'cpu', 'ms': 40, 'pid': pid, 'thread': 1,
+        'began': began, 'ended': began + seconds, 'seconds': seconds,
+        'cpu_seconds': cpu, 'claims': claims(),
+    }  # fmt: skip
+
+
+def test_cpu_readings_are_of_the_cores_the_processes_got():
+    # Two processes, two requests each, one after the other: another
+    # program had half of each core, so each request took twice its CPU
+    # time, and the round as long as one process doing all of it.
+    result = threadcheck.Measurement('cpu', 4, 'cpu_seconds')
+    for _ in range(3):
+        result.alone += [timed(1, 0, 0.04, 0.04)]  # alone, a whole core
+        result.answers += [
+            timed(1, 0, 0.08, 0.04), timed(1, 0.08, 0.08, 0.04),
+            timed(2, 0, 0.08, 0.04), timed(2, 0.08, 0.08, 0.04),
+        ]  # fmt: skip
+        result.rounds.append(0.17)
+        result.baseline.append(0.01)
+    assert result.raw_parallelism == pytest.approx(1)
+    assert result.round_core_share == pytest.approx(0.5)
+    assert result.parallelism == pytest.approx(2)
+    # One process whose 4 threads take turns for the GIL: it used its
+    # whole core; the reading stays 1.
+    result.answers = [
+        timed(1, 0, 0.16, 0.04) for _ in range(4)
+    ] * 3  # fmt: skip
+    result.rounds = [0.17] * 3
+    assert result.round_core_share == pytest.approx(1)
+    assert result.parallelism == pytest.approx(1)

@@ -6,6 +6,7 @@ See :doc:`threadcheck`.
 """
 
 import argparse
+import sys
 
 from . import threadcheck
 
@@ -20,4 +21,12 @@ def main(argv=None):
     )
     threadcheck.add_parser(commands)
     args = parser.parse_args(argv)
-    return args.run(args)
+    try:
+        return args.run(args)
+    except Exception as exc:  # exit 1 means a finding: this is not one
+        print(
+            f'dbtune {args.command}: unexpected error: '
+            f'{exc.__class__.__name__}: {exc}',
+            file=sys.stderr,
+        )
+        return 2

@@ -16,6 +16,7 @@ that takes the WSGI environ and returns ``(status, headers, body)``.
 """
 
 import logging
+import os
 import threading
 import weakref
 from collections.abc import Mapping
@@ -26,6 +27,8 @@ from time import monotonic
 from pyramid.events import ApplicationCreated
 from pyramid.path import DottedNameResolver
 from sqlalchemy import literal_column, select
+
+from . import forks
 
 log = logging.getLogger(__name__)
 
@@ -326,6 +329,11 @@ class _Health:
     """One deep check in flight at a time; its answer reused a while."""
 
     def __init__(self):
+        self.after_fork()
+        forks.renew_after_fork(self)
+
+    def after_fork(self):
+        """Start afresh: a ping in flight, and its lock, are the parent's."""
         self.lock = threading.Lock()
         self.answer = None
         self.expires = 0.0
@@ -336,6 +344,14 @@ class _Health:
 
 _healths = weakref.WeakKeyDictionary()
 _healths_lock = threading.Lock()
+
+
+def _new_healths_lock():
+    global _healths_lock
+    _healths_lock = threading.Lock()
+
+
+os.register_at_fork(after_in_child=_new_healths_lock)
 #: A ping still running this many timeouts on is given up for a new one;
 #: at most this many given-up pings may hang at once.
 ABANDON_AFTER = 10

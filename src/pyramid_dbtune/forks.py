@@ -8,14 +8,19 @@ server forked; :func:`renew` may be called again (the gunicorn hooks do)
 and renews once per process.
 """
 
+import logging
 import os
 import weakref
+
+log = logging.getLogger(__name__)
 
 _objects = weakref.WeakSet()
 #: The process whose connections and locks the registered objects hold.
 _owner = os.getpid()
 #: How many objects this process renewed after its fork.
 renewed = 0
+#: The objects whose renewal failed in this process, with the exception.
+failures = []
 
 
 def renew_after_fork(obj):
@@ -27,16 +32,27 @@ def renew():
     """In a forked child, renew every registered object, once.
 
     Returns how many objects were renewed by this call: 0 in the process
-    that made them, and when the child renewed them already.
+    that made them, and when the child renewed them already. An object
+    whose ``after_fork()`` raises is logged and listed in
+    :data:`failures`, and the others are renewed all the same (this runs
+    inside ``os.fork()``, where nothing may raise).
     """
     global _owner, renewed
     if os.getpid() == _owner:
         return 0
-    _owner = os.getpid()
     objects = list(_objects)
+    count = 0
+    failures.clear()
     for obj in objects:
-        obj.after_fork()
-    renewed = len(objects)
+        try:
+            obj.after_fork()
+        except Exception as exc:
+            log.exception('pyramid_dbtune: could not renew %r', obj)
+            failures.append((obj, exc))
+        else:
+            count += 1
+    _owner = os.getpid()
+    renewed = count
     return renewed
 
 

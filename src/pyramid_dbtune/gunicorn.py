@@ -6,12 +6,15 @@ The defaults, derived from the host (command-line flags still win, as
 gunicorn applies them after the config file):
 
 * ``workers``: one per core this process may use
-  (``os.sched_getaffinity``), or ``WEB_CONCURRENCY`` when set. The GIL
+  (:func:`pyramid_dbtune.probes.usable_cores`: its CPU affinity, at most
+  its container's CPU quota), or ``WEB_CONCURRENCY`` when set. The GIL
   lets one thread of a process run Python at a time, so CPU work scales
   with processes, up to the cores.
 * ``threads``: :data:`THREADS_PER_WORKER` per worker (``worker_class =
   gthread``), so that a worker keeps its core busy while some of its
-  requests wait on the database, memcached or the client.
+  requests wait on the database, memcached or the client. For sync
+  workers give ``-k sync --threads 1``: gunicorn runs a sync worker with
+  more than one thread as gthread (``post_worker_init`` warns).
 
 The hooks are what makes ``--preload`` safe, and are correct under any
 config: one of your own takes them with
@@ -23,7 +26,7 @@ import os
 
 from . import forks, probes
 
-__all__ = ['post_fork', 'post_worker_init']
+__all__ = ['post_fork', 'post_worker_init', 'when_ready']
 
 #: Threads per worker in the default configuration.
 THREADS_PER_WORKER = 4
@@ -54,7 +57,19 @@ def threads_of(cfg):
         return cfg.threads
     if kind == 'sync' or kind.endswith('SyncWorker'):
         return 1
+    if 'tornado' in kind.lower():
+        return 1  # one WSGI request at a time: WSGI blocks its loop
     return cfg.worker_connections  # gevent, eventlet: green threads
+
+
+def _sync_made_gthread(cfg):
+    """Whether ``-k sync`` was asked for and gunicorn runs gthread, as it
+    does when ``threads`` is above 1 (this module's default is 4)."""
+    asked = cfg.settings['worker_class'].get()
+    sync = isinstance(asked, str) and (
+        asked == 'sync' or asked.endswith('SyncWorker')
+    )
+    return sync and cfg.threads > 1
 
 
 def post_fork(server, worker):
@@ -64,9 +79,16 @@ def post_fork(server, worker):
     the master (``--preload``): ``os.fork`` has done it already through
     :func:`pyramid_dbtune.forks.renew`, which renews once per process, so
     this is the same guarantee said where gunicorn users look for it.
-    Records the worker's configuration for the probe views.
+    Records the worker's configuration for the probe views. Raises when
+    something could not be renewed (gunicorn then stops: a worker that
+    shares its master's connections corrupts their answers).
     """
     forks.renew()
+    if forks.failures:
+        raise RuntimeError(
+            'pyramid_dbtune: could not renew after the fork: '
+            + '; '.join(f'{obj!r}: {exc!r}' for obj, exc in forks.failures)
+        )
     cfg = worker.cfg
     probes.declare(
         server='gunicorn',
@@ -101,6 +123,13 @@ def post_worker_init(worker):
             os.getpid(),
             forks.renewed,
         )
+    if _sync_made_gthread(worker.cfg):
+        worker.log.warning(
+            'pyramid_dbtune: worker_class is sync, but with threads = %d '
+            'gunicorn runs gthread workers; for sync workers give -k sync '
+            '--threads 1',
+            worker.cfg.threads,
+        )
     runtime = _dbtune_of(worker.wsgi)
     count = threads_of(worker.cfg)
     if runtime is not None and runtime.router is not None:
@@ -115,3 +144,19 @@ def post_worker_init(worker):
                 pool,
                 count,
             )
+
+
+def when_ready(server):
+    """In the master, once it is ready, before it forks the workers.
+
+    With ``--preload``, closes the connections the application opened in
+    the master while loading: the workers drop their copies unclosed and
+    open their own, so the master's would stay open, idle, for as long as
+    it runs. Without ``--preload`` the master has no application: nothing
+    to do (and nothing is loaded).
+    """
+    if not server.cfg.preload_app:
+        return
+    runtime = _dbtune_of(server.app.wsgi())
+    if runtime is not None and runtime.router is not None:
+        runtime.router.dispose()

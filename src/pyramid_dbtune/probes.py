@@ -18,11 +18,13 @@ from 0 to :data:`MAX_MS`:
     (``SLEEP``), and is a bare ``SELECT 1`` elsewhere. Only with a
     database (``dbtune.url``).
 
-Each answers JSON saying which process and thread served it, how long it
-took inside the view, and what the server claims about its parallelism
+Each answers JSON saying which process and thread served it, when it
+entered and left the view, how long it took inside it, and what the
+server claims about its parallelism
 (:func:`server_claims`).
 """
 
+import math
 import os
 import sys
 import threading
@@ -60,12 +62,69 @@ def declare(**claims):
     _declared.update(claims)
 
 
-def usable_cores():
-    """The cores this process may run on."""
+def cgroup_cpus(root='/sys/fs/cgroup', own='/proc/self/cgroup'):
+    """The CPUs a container's CPU quota allows this process, rounded up;
+    ``None`` without a quota.
+
+    Reads cgroup v2's ``cpu.max`` or v1's ``cpu.cfs_quota_us`` and
+    ``cpu.cfs_period_us`` under ``root``, in this process's cgroup (named
+    in ``own``) and in each cgroup above it: the smallest quota counts.
+    """
+    paths = {}
     try:
-        return len(os.sched_getaffinity(0))
+        with open(own) as lines:
+            for line in lines:
+                _, controllers, path = line.rstrip('\n').split(':', 2)
+                paths[controllers] = path.strip('/')
+    except (OSError, ValueError):
+        paths = {}
+    limits = []
+    # v2: one hierarchy; v1: the cpu controller's, alone or with cpuacct.
+    for folder, path, files in [
+        ('', paths.get('', ''), ('cpu.max',)),
+        *(
+            (name, paths.get(name, ''), ('cpu.cfs_quota_us',
+                                         'cpu.cfs_period_us'))
+            for name in ('cpu', 'cpu,cpuacct', 'cpuacct,cpu')
+        ),
+    ]:  # fmt: skip
+        base = os.path.join(root, folder)
+        parts = [p for p in path.split('/') if p]
+        for depth in range(len(parts), -1, -1):
+            quota = _quota(os.path.join(base, *parts[:depth]), files)
+            if quota is not None:
+                limits.append(quota)
+    return min(limits, default=None)
+
+
+def _quota(folder, files):
+    """CPUs (rounded up) of the quota in ``folder``, or ``None``."""
+    texts = []
+    for name in files:
+        try:
+            with open(os.path.join(folder, name)) as file:
+                texts.append(file.read())
+        except OSError:
+            return None
+    words = ' '.join(texts).split()
+    try:
+        quota, period = int(words[0]), int(words[1])
+    except (IndexError, ValueError):  # 'max', or not a quota
+        return None
+    if quota <= 0 or period <= 0:  # v1 says -1 for none
+        return None
+    return max(1, math.ceil(quota / period))
+
+
+def usable_cores(cgroup_root='/sys/fs/cgroup'):
+    """The cores this process may run on: those of its CPU affinity, at
+    most its container's CPU quota (see :func:`cgroup_cpus`)."""
+    try:
+        cores = len(os.sched_getaffinity(0))
     except AttributeError:  # pragma: no cover (not on Linux)
-        return os.cpu_count() or 1
+        cores = os.cpu_count() or 1
+    quota = cgroup_cpus(cgroup_root)
+    return cores if quota is None else min(cores, quota)
 
 
 def server_claims(environ):
@@ -100,10 +159,16 @@ def server_claims(environ):
 
 def _milliseconds(request):
     text = request.GET.get('ms', str(DEFAULT_MS))
-    if not (text.isascii() and text.isdigit() and int(text) <= MAX_MS):
+    # Short first: int() of thousands of digits raises, or takes long.
+    if not (
+        len(text) <= len(str(MAX_MS))
+        and text.isascii()
+        and text.isdigit()
+        and int(text) <= MAX_MS
+    ):
         raise HTTPBadRequest(
             f'ms must be a whole number of milliseconds from 0 to {MAX_MS}, '
-            f'not {text!r}'
+            f'not {text[:20]!r}' + ('…' if len(text) > 20 else '')
         )
     return int(text)
 
@@ -120,6 +185,7 @@ def burn(seconds):
 def _probe(name, work):
     def view(request):
         ms = _milliseconds(request)
+        began = time.time()
         started = time.perf_counter()
         cpu = time.thread_time()
         extra = work(request, ms) or {}
@@ -127,6 +193,9 @@ def _probe(name, work):
             'probe': name,
             'ms': ms,
             'seconds': time.perf_counter() - started,
+            # The wall clock, to tell which requests were in views at once.
+            'began': began,
+            'ended': time.time(),
             'cpu_seconds': time.thread_time() - cpu,
             'pid': os.getpid(),
             'thread': threading.get_native_id(),
