@@ -140,11 +140,14 @@ def ensure_wrk():
     if shutil.which('wrk'):
         return shutil.which('wrk')
     print('wrk is missing: installing it with apt-get', file=sys.stderr)
+    # As .ci/memcached.sh: root in CI; sudo elsewhere; never a question.
+    sudo = [] if os.geteuid() == 0 else ['sudo']
+    env = {**os.environ, 'DEBIAN_FRONTEND': 'noninteractive'}
     for command in (
-        ['apt-get', 'update', '-qq'],
-        ['apt-get', 'install', '-y', '-qq', 'wrk'],
+        [*sudo, 'apt-get', 'update', '-qq'],
+        [*sudo, 'apt-get', 'install', '-y', '-qq', 'wrk'],
     ):
-        subprocess.run(command, check=True, stdout=subprocess.DEVNULL)
+        subprocess.run(command, check=True, stdout=subprocess.DEVNULL, env=env)
     return shutil.which('wrk')
 
 
