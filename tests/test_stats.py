@@ -86,7 +86,7 @@ def test_server_timing_values(sqlite_url, apps):
         app.post_json('/call', {'calls': [['search', {'area': 'Burley'}]]})
     )
     assert miss['cache-miss'] == 1 and miss['cache-hit'] == 0
-    assert miss['db-queries'] == 1 and miss['db-write'] == 0
+    assert miss['db-queries'] == 1 and 'db-write' not in miss
     assert 0 < miss['db-read'] <= miss['total']
     hit = timings(
         app.post_json('/call', {'calls': [['search', {'area': 'Burley'}]]})
@@ -97,7 +97,7 @@ def test_server_timing_values(sqlite_url, apps):
         app.post_json('/call', {'calls': [['set_rent', {'id': 1, 'rent': 5}]]})
     )
     assert 0 < wrote['db-write'] <= wrote['total'] and wrote['db-read'] == 0
-    assert wrote['write-slot'] < wrote['total']  # no wait: about 0
+    assert wrote.get('write-slot', 0) < wrote['total']  # no wait: about 0
     # A request that slept 50 ms says so.
     app.app.registry.dbtune.methods.clear()
     with Configurator(registry=app.app.registry) as config:
@@ -124,13 +124,13 @@ def test_server_timing_names_stale_and_waited_when_there_are_some():
     request.__dict__['dbtune'] = Context()
     text = tweens.server_timing(request, 0.01)
     assert text == (
-        'total;dur=10.000, db-read;dur=3.000, db-write;dur=1.000, '
-        'db-queries;desc=2, write-slot;dur=2.000, cache-hit;desc=1, '
-        'cache-miss;desc=2, cache-stale;desc=3'
+        'total;dur=10.000, db-read;dur=3.000, db-queries;desc=2, '
+        'cache-hit;desc=1, cache-miss;desc=2, db-write;dur=1.000, '
+        'write-slot;dur=2.000, cache-stale;desc=3'
     )
     Context.cache = {'hit': 0, 'miss': 0, 'stale': 0, 'waited': 4}
     assert tweens.server_timing(request, 0.01).endswith(
-        'cache-hit;desc=0, cache-miss;desc=0, cache-waited;desc=4'
+        'write-slot;dur=2.000, cache-waited;desc=4'
     )
 
 
@@ -259,7 +259,8 @@ def test_a_write_slot_timeout_is_slot_time_too(sqlite_url, apps):
     finally:
         router.write_slots.release()
     took = timings(response)
-    assert took['write-slot'] >= 150 and took['db-write'] < 150
+    # The write never ran: almost no db-write time.
+    assert took['write-slot'] >= 150 and took.get('db-write', 0) < 150
 
 
 def test_in_flight_and_gil_wait_with_real_threads(

@@ -19,33 +19,36 @@ from .cache import HIT, MISS, STALE, WAITED
 from .stats import CPU_EVERY
 
 # % formats floats faster than f-strings do (see the module's text).
-_FORMAT = (
-    'total;dur=%.3f, db-read;dur=%.3f, db-write;dur=%.3f, '
-    'db-queries;desc=%d, write-slot;dur=%.3f, cache-hit;desc=%d, '
-    'cache-miss;desc=%d'
+_READS = (
+    'total;dur=%.3f, db-read;dur=%.3f, db-queries;desc=%d, '
+    'cache-hit;desc=%d, cache-miss;desc=%d'
 )
 
 
 def server_timing(request, seconds):
     """The ``Server-Timing`` value for a request that took ``seconds``:
-    ``total``, and when it used the database, ``db-read``, ``db-write`` and
-    ``write-slot`` (durations in ms), ``db-queries``, ``cache-hit`` and
-    ``cache-miss`` (counts; ``cache-stale`` and ``cache-waited`` when not
-    0)."""
+    ``total``, and when it used the database, ``db-read`` (ms),
+    ``db-queries``, ``cache-hit`` and ``cache-miss`` (counts); ``db-write``
+    and ``write-slot`` (ms), ``cache-stale`` and ``cache-waited`` when not
+    0. Each figure costs the request its formatting: the ones that are
+    mostly 0 are left out when they are."""
     context = request.__dict__.get('dbtune')
     if context is None:
         return 'total;dur=%.3f' % (seconds * 1000)
     cache = context.cache
     write = context.write_seconds
-    text = _FORMAT % (
+    text = _READS % (
         seconds * 1000,
         (context.db_seconds - write) * 1000,
-        write * 1000,
         context.queries,
-        context.unit.write_wait * 1000,
         cache[HIT],
         cache[MISS],
     )
+    if write:
+        text += ', db-write;dur=%.3f' % (write * 1000)  # noqa: UP031
+    wait = context.unit.write_wait
+    if wait:
+        text += ', write-slot;dur=%.3f' % (wait * 1000)  # noqa: UP031
     if cache[STALE]:
         text += f', cache-stale;desc={cache[STALE]}'
     if cache[WAITED]:
