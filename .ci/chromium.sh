@@ -8,8 +8,8 @@ if command -v chromium >/dev/null 2>&1; then
 fi
 SUDO=""
 if [ "$(id -u)" != "0" ]; then
-    SUDO="sudo"
+    SUDO="sudo -n"
 fi
 echo "chromium is missing: installing Debian's package" >&2
-$SUDO apt-get update -qq
-DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq chromium >/dev/null
+$SUDO env DEBIAN_FRONTEND=noninteractive apt-get update -qq
+$SUDO env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null

@@ -11,10 +11,10 @@ if [ -x /usr/bin/memcached ]; then
 fi
 SUDO=""
 if [ "$(id -u)" != "0" ]; then
-    SUDO="sudo"
+    SUDO="sudo -n"
 fi
 echo "memcached is missing: installing Debian's package" >&2
-$SUDO apt-get update -qq
-DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq memcached >/dev/null
+$SUDO env DEBIAN_FRONTEND=noninteractive apt-get update -qq
+$SUDO env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq memcached >/dev/null
 # The package starts a system memcached on 11211; the tests do not use it.
 ($SUDO service memcached stop || true) >/dev/null 2>&1

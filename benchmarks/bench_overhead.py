@@ -4,8 +4,9 @@ Side by side in one run, in process (no server), microseconds per request:
 
 1. The timing tween alone, around a handler that answers at once (a
    Pyramid request and response, no view) for a request that called SQL
-   methods (its ``request.dbtune`` counts a cache hit and a miss, so that
-   Server-Timing carries every figure), with ``dbtune.server_timing``,
+   methods (its ``request.dbtune`` counts a cache hit and a miss: the
+   figures of a read, as most requests are; a request that wrote carries
+   ``db-write`` too), with ``dbtune.server_timing``,
    with ``dbtune.stats``, with both, and with both and
    ``PROMETHEUS_MULTIPROC_DIR`` (several processes), against the handler
    called directly. Target: the tween adds at most 2 us. Then what one

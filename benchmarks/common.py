@@ -141,13 +141,14 @@ def ensure_wrk():
         return shutil.which('wrk')
     print('wrk is missing: installing it with apt-get', file=sys.stderr)
     # As .ci/memcached.sh: root in CI; sudo elsewhere; never a question.
-    sudo = [] if os.geteuid() == 0 else ['sudo']
-    env = {**os.environ, 'DEBIAN_FRONTEND': 'noninteractive'}
+    # sudo drops the environment, and -n: no password prompt either.
+    sudo = [] if os.geteuid() == 0 else ['sudo', '-n']
+    apt = [*sudo, 'env', 'DEBIAN_FRONTEND=noninteractive', 'apt-get']
     for command in (
-        [*sudo, 'apt-get', 'update', '-qq'],
-        [*sudo, 'apt-get', 'install', '-y', '-qq', 'wrk'],
+        [*apt, 'update', '-qq'],
+        [*apt, 'install', '-y', '-qq', 'wrk'],
     ):
-        subprocess.run(command, check=True, stdout=subprocess.DEVNULL, env=env)
+        subprocess.run(command, check=True, stdout=subprocess.DEVNULL)
     return shutil.which('wrk')
 
 

@@ -15,12 +15,13 @@ On PostgreSQL, in one run, one after the other (``headline_apps.py``):
 ``wrk`` replays a busy hour's mix (searches over a skewed spread of
 filters, property pages, a few updates) for a fixed time at each
 concurrency, each point ``--repeat`` times (the median is reported). At
-the same time, from this process: a load balancer's health check every
-5 ms, and a checker that updates a few watched properties and runs one of
-wrk's searches. No search may show a watched property older than the last
-update committed before the search began, less the search's cache time
-and a refill's grace; no request of any form, wrk's, the health checks' or
-the checker's, may fail. Either makes the run exit 1.
+the same time, from this process: a load balancer's health check due
+every 5 ms (the rate reached is printed), and a checker that updates a
+few watched properties and runs one of wrk's searches. No search may
+show a watched property older than the last update committed before the
+search began, less the search's cache time and a refill's grace; no
+request of any form, wrk's, the health checks' or the checker's, may
+fail. Either makes the run exit 1.
 
     .venv/bin/python benchmarks/headline.py [--quick] [--seconds 10]
         [--repeat 3] [--chart PATH] [--require-target]
@@ -52,6 +53,7 @@ import sqlalchemy as sa
 
 from bench_memcached import start_memcached
 from common import (
+    POSTGRESQL_URL,
     ensure_wrk,
     free_port,
     gunicorn_command,
@@ -69,7 +71,7 @@ SEARCH_CACHE_TIME = 30
 #: What a search may lag beyond its cache time: the fill that stored it
 #: ran before it was stamped, and an expired entry is served while another
 #: process refills it.
-REFILL_GRACE = 1.0
+REFILL_GRACE = 2.0
 #: The checker's properties: updated only by it, never by wrk.
 WATCHED = 5
 #: One of wrk's own searches (the most asked for of each filter), so that
@@ -219,14 +221,17 @@ def serve(form, port, env):
         app = 'tuned_app()' if form == 'tuned' else 'baseline_app()'
         command = gunicorn_command(port, app=f'headline_apps:{app}')
     process = start_server(command, port, env, timeout=60)
-    # Up, and its database and cache answer.
-    connection = http.client.HTTPConnection('127.0.0.1', port, 30)
-    connection.request('GET', '/healthz')
-    answer = connection.getresponse()
-    connection.close()
-    if answer.status != 200:
+    try:
+        # Up, and its database and cache answer.
+        connection = http.client.HTTPConnection('127.0.0.1', port, 30)
+        connection.request('GET', '/healthz')
+        answer = connection.getresponse()
+        connection.close()
+        if answer.status != 200:
+            raise RuntimeError(f'{form}: /healthz answered {answer.status}')
+    except BaseException:
         stop_server(process)
-        raise RuntimeError(f'{form}: /healthz answered {answer.status}')
+        raise
     return process
 
 
@@ -259,17 +264,23 @@ class Client(threading.Thread):
 
 
 class Health(Client):
-    """A load balancer's health check: ``GET /healthz`` every 5 ms."""
+    """A load balancer's health check: ``GET /healthz`` every 5 ms, on a
+    schedule (a late answer does not move the next check; a check that
+    falls due while one is out goes as soon as that one is back)."""
 
     def __init__(self, port, every=0.005):
         super().__init__(port)
         self.every = every
         self.asked = 0
+        self.seconds = 0.0
 
     def work(self, connection):
-        while not self.stopping.wait(self.every):
+        began = due = time.monotonic()
+        while not self.stopping.wait(max(0.0, due - time.monotonic())):
             self.ask(connection, 'GET', '/healthz')
             self.asked += 1
+            due += self.every
+        self.seconds = time.monotonic() - began
 
 
 class Checker(Client):
@@ -293,6 +304,10 @@ class Checker(Client):
 
     def update(self, connection, id):
         self.day += 1
+        if day_text(self.day) > CHECK_SEARCH['available']:
+            raise RuntimeError(
+                'the watched dates ran past the searched one: a shorter run'
+            )
         body = urllib.parse.urlencode(
             {'rent': 1, 'available': day_text(self.day)}
         )
@@ -345,7 +360,7 @@ class Checker(Client):
                     default=None,
                 )
                 if id not in seen:
-                    missing.append((started, id))
+                    missing.append((round(started, 2), id))
                     continue
                 if newest is None:
                     continue
@@ -355,9 +370,9 @@ class Checker(Client):
         return stale, missing, checks
 
 
-#: The checker's dates count days from here: before every date wrk's
-#: searches ask for, and after none of the seeded ones matter.
-EPOCH = datetime.date(2020, 1, 1)
+#: The checker's dates count days from here: a watched property's date
+#: stays before the date its search asks for for 46,000 updates.
+EPOCH = datetime.date(1900, 1, 1)
 
 
 def day_text(day):
@@ -482,6 +497,7 @@ def measure(form, env, watched, day, options, wrk):
         'searches': len(checker.searches),
         'updates': len(checker.updates),
         'health_checks': health.asked,
+        'health_rate': health.asked / health.seconds if health.seconds else 0,
         'allowed': allowed,
         'checks': checks,
         'stale': stale,
@@ -542,7 +558,8 @@ def report(results, checks, options):
             f'{check["checks"]} of them able to fail (allowed lag '
             f'{check["allowed"]:.0f} s): {len(check["stale"])} stale, '
             f'{len(check["missing"])} missing a watched row; '
-            f'{check["health_checks"]} health checks; '
+            f'{check["health_checks"]} health checks '
+            f'({check["health_rate"]:.0f}/s); '
             f'{errors + len(check["failures"])} failed requests'
         )
         for problem in (
@@ -640,7 +657,15 @@ def main(argv=None):
     results, checks = {}, {}
     memcached = drop = None
     try:
-        url, drop = postgresql_scratch()
+        try:
+            url, drop = postgresql_scratch()
+        except sa.exc.OperationalError as exc:
+            print(
+                'headline.py needs a PostgreSQL server: DBTUNE_TEST_POSTGRESQL'
+                f' (or {POSTGRESQL_URL}) did not answer: {exc.orig}',
+                file=sys.stderr,
+            )
+            return 2
         memcached, memcached_port = start_memcached()
         watched = seed_database(url)
         env = {
@@ -655,6 +680,8 @@ def main(argv=None):
             )
             day = checks[form]['last_day']
     finally:
+        # Cleaning up: a second SIGTERM must not stop it half way.
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
         if memcached is not None:
             memcached.kill()
             memcached.wait()
