@@ -430,9 +430,10 @@ def test_a_signed_value_that_is_not_ours_to_read_is_rejected(
     client.close()
 
 
-def test_the_memo_is_bounded(sqlite_url, memcached, apps, monkeypatch):
-    monkeypatch.setattr(memcached_module, '_MEMO_SIZE', 1)
-    app = apps(sqlite_url, [SEARCH], shared_settings(memcached))
+def test_the_memo_is_bounded(sqlite_url, memcached, apps):
+    # dbtune.cache.max_entries bounds the entries each process keeps.
+    settings = shared_settings(memcached, **{'dbtune.cache.max_entries': 1})
+    app = apps(sqlite_url, [SEARCH], settings)
     cache = app.app.registry.dbtune.cache
     for area in ('Headingley', 'Burley', 'Headingley', 'Burley'):
         call(app, ('search', {'area': area}))
@@ -704,3 +705,40 @@ def test_a_new_connection_closed_at_once_is_not_asked_again(memcached):
         reader.fetch(['small'])
     assert len(asked) == 1
     proxy.cut()
+
+
+def test_a_read_no_write_invalidates_is_served_from_the_process(
+    sqlite_url, memcached, apps, monkeypatch
+):
+    lagging = {**SEARCH, 'name': 'lagging', 'invalidate': False}
+    settings = shared_settings(memcached)
+    app = apps(sqlite_url, [SEARCH, lagging, SET_RENT], settings)
+    cache = app.app.registry.dbtune.cache
+    headingley = {'area': 'Headingley'}
+    call(app, ('lagging', headingley))  # a miss: filled, stored
+    call(app, ('lagging', headingley))  # a hit in memcached, verified
+    memcached.stop()  # no round trip can be made from here on
+    answer = call(app, ('lagging', headingley), ('search', headingley))
+    assert rows_of(answer, 0) == HEADINGLEY and cache.near_hits == 1
+    assert answer['cache']['hit'] == 1  # the search missed: no memcached
+    # Until the rows' time runs out (20 s), then they are asked for again.
+    now = time.time()
+    monkeypatch.setattr(memcached_module.time, 'time', lambda: now + 21)
+    answer = call(app, ('lagging', headingley))
+    assert answer['cache']['miss'] == 1 and cache.near_hits == 1
+
+
+def test_an_unknown_write_drops_the_process_copies(
+    sqlite_url, memcached, apps
+):
+    lagging = {**SEARCH, 'name': 'lagging', 'invalidate': False}
+    ddl = {'name': 'touch', 'sql': 'CREATE TABLE other (x INTEGER)'}
+    app = apps(sqlite_url, [lagging, ddl], shared_settings(memcached))
+    cache = app.app.registry.dbtune.cache
+    for _ in range(2):
+        call(app, ('lagging', {'area': 'Headingley'}))
+    assert len(cache._memo) == 1
+    call(app, ('touch', {}))
+    assert len(cache._memo) == 0
+    answer = call(app, ('lagging', {'area': 'Headingley'}))
+    assert answer['cache']['miss'] == 1 and cache.near_hits == 0

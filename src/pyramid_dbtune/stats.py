@@ -67,6 +67,7 @@ FLUSH_EVERY = 1.0
 CACHE_COUNTERS = (
     'hits', 'misses', 'stale', 'waited', 'evictions', 'invalidations',
     'errors', 'rejected', 'too_big', 'discarded', 'unencodable',
+    'near_hits',
 )  # fmt: skip
 
 

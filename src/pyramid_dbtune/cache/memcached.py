@@ -281,7 +281,9 @@ class MemcachedCache:
     Counters, as :class:`~pyramid_dbtune.cache.MemoryCache` has them, plus
     ``errors`` (memcached failures, each a miss), ``rejected`` (values whose
     signature or encoding failed), ``unencodable`` (rows holding values the
-    codec cannot share) and ``too_big`` (over ``dbtune.cache.item_limit``).
+    codec cannot share), ``too_big`` (over ``dbtune.cache.item_limit``)
+    and ``near_hits`` (hits of reads that no write invalidates, served from
+    this process's copy of rows it had verified, without a round trip).
     """
 
     def __init__(self, settings):
@@ -297,6 +299,10 @@ class MemcachedCache:
         self.hits = self.misses = self.stale = self.waited = 0
         self.errors = self.rejected = self.unencodable = 0
         self.too_big = self.discarded = self.invalidations = 0
+        self.near_hits = 0
+        #: Verified entries kept decoded in this process (and served from
+        #: it, for reads that no write invalidates): at most this many.
+        self.memo_size = settings.cache_max_entries
         self._failing = False
         self.after_fork()
         forks.renew_after_fork(self)
@@ -525,12 +531,21 @@ class MemcachedCache:
             return None
         with self._lock:
             self._memo[name] = (value, entry)
-            if len(self._memo) > _MEMO_SIZE:
+            if len(self._memo) > self.memo_size:
                 self._memo.popitem(last=False)
         return entry
 
     def get_or_fill(self, key, ttl, tables, fill, *args):
         name = self.entry_key(key)
+        if not tables:
+            # A read that no write invalidates (``invalidate=False``): the
+            # rows this process verified are good until their time runs
+            # out, wherever they are asked for, without a round trip.
+            near = self._memo.get(name)
+            if near is not None and time.time() < near[1][2]:
+                self.hits += 1
+                self.near_hits += 1
+                return near[1][0], HIT
         tables, keys = self._tables(tables)
         wanted = [name, *keys]
         server = self._server(name)
@@ -632,6 +647,11 @@ class MemcachedCache:
         """Bump the generations of ``tables`` (``None``: all) on every
         server: every process's next read of a result over them misses."""
         names = [_EPOCH] if tables is None else [*tables, ANY_TABLE]
+        if tables is None:
+            # Even the rows no write invalidates go with an unknown write
+            # here (other processes keep theirs until their time runs out).
+            with self._lock:
+                self._memo.clear()
         live = {c.server: c for c in list(self.client.clients.values())}
         for address in self.servers:
             server = live.get(address)
