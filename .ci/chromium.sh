@@ -1,15 +1,9 @@
 #!/usr/bin/env bash
 # Make sure a headless Chromium is here: the dashboard's browser test loads
-# the page in it. Installs Debian's package when missing (CI runs as root;
-# elsewhere sudo is tried).
+# the page in it. Installs Debian's package when missing.
 set -euo pipefail
-if command -v chromium >/dev/null 2>&1; then
-    exit 0
+status=0
+bash "$(dirname "$0")/apt-package.sh" chromium chromium || status=$?
+if [ "$status" != 0 ] && [ "$status" != 10 ]; then
+    exit "$status"
 fi
-SUDO=""
-if [ "$(id -u)" != "0" ]; then
-    SUDO="sudo -n"
-fi
-echo "chromium is missing: installing Debian's package" >&2
-$SUDO env DEBIAN_FRONTEND=noninteractive apt-get update -qq
-$SUDO env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null

@@ -1,20 +1,17 @@
 #!/usr/bin/env bash
 # Make sure a memcached binary is here: the tests start their own servers
-# on free ports and stop them. Installs Debian's package when missing (CI
-# runs as root; elsewhere sudo is tried).
+# on free ports and stop them. Installs Debian's package when missing.
 set -euo pipefail
-if command -v memcached >/dev/null 2>&1; then
-    exit 0
+status=0
+bash "$(dirname "$0")/apt-package.sh" memcached memcached || status=$?
+if [ "$status" = 10 ]; then
+    # The package starts a system memcached on 11211; the tests do not
+    # use it.
+    sudo=""
+    if [ "$(id -u)" != "0" ]; then
+        sudo="sudo -n"
+    fi
+    ($sudo service memcached stop || true) >/dev/null 2>&1
+elif [ "$status" != 0 ]; then
+    exit "$status"
 fi
-if [ -x /usr/bin/memcached ]; then
-    exit 0
-fi
-SUDO=""
-if [ "$(id -u)" != "0" ]; then
-    SUDO="sudo -n"
-fi
-echo "memcached is missing: installing Debian's package" >&2
-$SUDO env DEBIAN_FRONTEND=noninteractive apt-get update -qq
-$SUDO env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq memcached >/dev/null
-# The package starts a system memcached on 11211; the tests do not use it.
-($SUDO service memcached stop || true) >/dev/null 2>&1

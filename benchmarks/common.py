@@ -137,18 +137,13 @@ def gunicorn_command(port, *args, app='probe_app:app_factory()'):
 
 def ensure_wrk():
     """The ``wrk`` HTTP load generator, installed with apt-get if missing."""
-    if shutil.which('wrk'):
-        return shutil.which('wrk')
-    print('wrk is missing: installing it with apt-get', file=sys.stderr)
-    # As .ci/memcached.sh: root in CI; sudo elsewhere; never a question.
-    # sudo drops the environment, and -n: no password prompt either.
-    sudo = [] if os.geteuid() == 0 else ['sudo', '-n']
-    apt = [*sudo, 'env', 'DEBIAN_FRONTEND=noninteractive', 'apt-get']
-    for command in (
-        [*apt, 'update', '-qq'],
-        [*apt, 'install', '-y', '-qq', 'wrk'],
-    ):
-        subprocess.run(command, check=True, stdout=subprocess.DEVNULL)
+    if not shutil.which('wrk'):
+        done = subprocess.run(
+            ['bash', str(HERE.parent / '.ci/apt-package.sh'), 'wrk', 'wrk'],
+            stdout=subprocess.DEVNULL,
+        )
+        if done.returncode not in (0, 10):
+            raise RuntimeError('wrk could not be installed')
     return shutil.which('wrk')
 
 
