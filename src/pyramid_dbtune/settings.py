@@ -116,15 +116,21 @@ def as_name(value):
     return text
 
 
-def per_second(value):
-    """A whole number of times a second, from 1 to 1000."""
+def _whole_number(value, low, high, accepted):
     try:
         number = int(str(value).strip())
     except ValueError:
-        number = 0
-    if isinstance(value, bool) or not 1 <= number <= 1000:
-        raise Invalid('a whole number of samples a second, from 1 to 1000')
+        number = None
+    if isinstance(value, bool) or number is None or not low <= number <= high:
+        raise Invalid(accepted)
     return number
+
+
+def per_second(value):
+    """A whole number of times a second, from 1 to 1000."""
+    return _whole_number(
+        value, 1, 1000, 'a whole number of samples a second, from 1 to 1000'
+    )
 
 
 def one_of(*choices):
@@ -138,13 +144,8 @@ def one_of(*choices):
 
 
 def positive_int(value):
-    try:
-        number = int(str(value).strip())
-    except ValueError:
-        number = 0
-    if isinstance(value, bool) or number < 1:
-        raise Invalid('a whole number above 0')
-    return number
+    """A whole number above 0."""
+    return _whole_number(value, 1, math.inf, 'a whole number above 0')
 
 
 def as_seconds(value):
