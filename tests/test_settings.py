@@ -1,7 +1,7 @@
 import pytest
 from pyramid.exceptions import ConfigurationError
 
-from pyramid_dbtune.settings import Invalid, as_bool, parse
+from pyramid_dbtune.settings import TABLE, Invalid, Settings, as_bool, parse
 
 
 def test_defaults():
@@ -12,6 +12,15 @@ def test_defaults():
     assert settings.cache_max_bytes == 64 * 1024 * 1024
     assert settings.cache_default_time == 0
     assert dict(settings.cache_times) == {}
+    assert settings == Settings()
+
+
+def test_every_setting_has_a_field_of_its_name():
+    fields = {s.name.replace('.', '_') for s in TABLE}
+    assert fields == set(Settings.__dataclass_fields__) - {
+        'cache_times',
+        'invalidates',
+    }
 
 
 def test_values_are_parsed_once_into_their_types():

@@ -11,7 +11,7 @@ import difflib
 import math
 import re
 import threading
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from types import MappingProxyType
 
 from pyramid.exceptions import ConfigurationError
@@ -116,15 +116,21 @@ def as_name(value):
     return text
 
 
-def per_second(value):
-    """A whole number of times a second, from 1 to 1000."""
+def _whole_number(value, low, high, accepted):
     try:
         number = int(str(value).strip())
     except ValueError:
-        number = 0
-    if isinstance(value, bool) or not 1 <= number <= 1000:
-        raise Invalid('a whole number of samples a second, from 1 to 1000')
+        number = None
+    if isinstance(value, bool) or number is None or not low <= number <= high:
+        raise Invalid(accepted)
     return number
+
+
+def per_second(value):
+    """A whole number of times a second, from 1 to 1000."""
+    return _whole_number(
+        value, 1, 1000, 'a whole number of samples a second, from 1 to 1000'
+    )
 
 
 def one_of(*choices):
@@ -138,13 +144,8 @@ def one_of(*choices):
 
 
 def positive_int(value):
-    try:
-        number = int(str(value).strip())
-    except ValueError:
-        number = 0
-    if isinstance(value, bool) or number < 1:
-        raise Invalid('a whole number above 0')
-    return number
+    """A whole number above 0."""
+    return _whole_number(value, 1, math.inf, 'a whole number above 0')
 
 
 def as_seconds(value):
@@ -195,54 +196,6 @@ def as_fast_paths(value):
 
 
 @dataclass(frozen=True)
-class Setting:
-    name: str
-    convert: object
-    default: object
-
-
-#: Every ``dbtune.`` setting: (name, converter, default).
-TABLE = (
-    Setting('url', as_url, None),
-    Setting('read_urls', as_urls, None),
-    Setting('read_pool_size', positive_int, 8),
-    Setting('write_concurrency', positive_int, 1),
-    Setting('write_timeout', positive_seconds, 10),
-    Setting('pin_after_write', as_seconds, 0),
-    Setting('cache.backend', one_of('memory', 'memcached', 'none'), 'memory'),
-    Setting('cache.servers', as_servers, None),
-    Setting('cache.secret', as_secret, None),
-    Setting('cache.namespace', as_namespace, 'dbtune'),
-    Setting('cache.timeout', positive_seconds, 0.25),
-    Setting('cache.connect_timeout', positive_seconds, 0.25),
-    Setting('cache.dead_retry', positive_seconds, 5),
-    Setting('cache.item_limit', as_bytes, 1024 * 1024),
-    Setting('cache.max_entries', positive_int, 10000),
-    Setting('cache.max_bytes', as_bytes, 64 * 1024 * 1024),
-    Setting('cache.default_time', as_seconds, 0),
-    Setting('fast_paths', as_fast_paths, None),
-    Setting('server_timing', as_bool, False),
-    Setting('stats', as_bool, False),
-    Setting('profile', as_bool, False),
-    Setting('profile.sample', per_second, 100),
-    Setting('stats.token', as_secret, None),
-    Setting('stats.permission', as_name, None),
-    Setting('probes', as_bool, False),
-)
-
-#: Settings that mean something to the memcached backend alone.
-_MEMCACHED_ONLY = (
-    'cache.servers', 'cache.secret', 'cache.namespace', 'cache.timeout',
-    'cache.connect_timeout', 'cache.dead_retry', 'cache.item_limit',
-)  # fmt: skip
-
-#: Settings that take a suffix: ``dbtune.cache_time.<method name>``.
-CACHE_TIME_PREFIX = 'cache_time.'
-#: ... and ``dbtune.invalidate.<method name>``.
-INVALIDATE_PREFIX = 'invalidate.'
-
-
-@dataclass(frozen=True)
 class Settings:
     """The parsed ``dbtune.*`` settings (see :doc:`settings`)."""
 
@@ -286,6 +239,61 @@ class Settings:
     invalidates: MappingProxyType = field(
         default_factory=lambda: MappingProxyType({})
     )
+
+
+_DEFAULTS = {f.name: f.default for f in fields(Settings)}
+
+
+@dataclass(frozen=True)
+class Setting:
+    name: str
+    convert: object
+
+    @property
+    def default(self):
+        """The default: that of the :class:`Settings` field of this name."""
+        return _DEFAULTS[self.name.replace('.', '_')]
+
+
+#: Every ``dbtune.`` setting: (name, converter); defaults in :class:`Settings`.
+TABLE = (
+    Setting('url', as_url),
+    Setting('read_urls', as_urls),
+    Setting('read_pool_size', positive_int),
+    Setting('write_concurrency', positive_int),
+    Setting('write_timeout', positive_seconds),
+    Setting('pin_after_write', as_seconds),
+    Setting('cache.backend', one_of('memory', 'memcached', 'none')),
+    Setting('cache.servers', as_servers),
+    Setting('cache.secret', as_secret),
+    Setting('cache.namespace', as_namespace),
+    Setting('cache.timeout', positive_seconds),
+    Setting('cache.connect_timeout', positive_seconds),
+    Setting('cache.dead_retry', positive_seconds),
+    Setting('cache.item_limit', as_bytes),
+    Setting('cache.max_entries', positive_int),
+    Setting('cache.max_bytes', as_bytes),
+    Setting('cache.default_time', as_seconds),
+    Setting('fast_paths', as_fast_paths),
+    Setting('server_timing', as_bool),
+    Setting('stats', as_bool),
+    Setting('profile', as_bool),
+    Setting('profile.sample', per_second),
+    Setting('stats.token', as_secret),
+    Setting('stats.permission', as_name),
+    Setting('probes', as_bool),
+)
+
+#: Settings that mean something to the memcached backend alone.
+_MEMCACHED_ONLY = (
+    'cache.servers', 'cache.secret', 'cache.namespace', 'cache.timeout',
+    'cache.connect_timeout', 'cache.dead_retry', 'cache.item_limit',
+)  # fmt: skip
+
+#: Settings that take a suffix: ``dbtune.cache_time.<method name>``.
+CACHE_TIME_PREFIX = 'cache_time.'
+#: ... and ``dbtune.invalidate.<method name>``.
+INVALIDATE_PREFIX = 'invalidate.'
 
 
 #: Settings whose value is a secret: an error says its length, never it.
