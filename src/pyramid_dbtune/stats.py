@@ -344,13 +344,7 @@ class Stats:
         latencies: see :attr:`Route.recent`)."""
         total = {}
         for figures in self._figures():
-            for name, route in list(figures.routes.items()):
-                if route is None:
-                    continue
-                into = total.get(name)
-                if into is None:
-                    into = total[name] = Route(self._recent.get(name))
-                into.add(route)
+            _add_routes(total, figures.routes)
         return total
 
     def _cpu(self):
@@ -541,17 +535,23 @@ def _flush_every_second(ref):
 
 def _fold(into, figures):
     """Add the :class:`Figures` of a thread that ended into ``into``."""
-    for name, route in list(figures.routes.items()):
-        if route is None:
-            continue
-        mine = into.routes.get(name)
-        if mine is None:
-            mine = into.routes[name] = Route(route.recent)
-        mine.add(route)
+    _add_routes(into.routes, figures.routes)
     into.measured += figures.measured
     into.wall += figures.wall
     into.cpu += figures.cpu
     into.runnable += figures.runnable
+
+
+def _add_routes(into, routes):
+    """Add each :class:`Route` of ``routes`` (name -> :class:`Route`, or
+    None: not counted) into the one of its name in ``into``."""
+    for name, route in list(routes.items()):
+        if route is None:
+            continue
+        mine = into.get(name)
+        if mine is None:
+            mine = into[name] = Route(route.recent)
+        mine.add(route)
 
 
 def _route_figures(route):
