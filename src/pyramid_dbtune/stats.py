@@ -39,6 +39,7 @@ from collections import deque
 from time import monotonic, perf_counter, process_time, thread_time
 
 from . import forks
+from .access import PREFIX, ROUTE_PREFIX
 
 log = logging.getLogger(__name__)
 
@@ -132,7 +133,7 @@ def route_name(request):
 def operators(request):
     """True for a request to one of the operator's ``/_dbtune/`` views
     (known from its path, before any route is matched)."""
-    return request.environ.get('PATH_INFO', '').startswith('/_dbtune/')
+    return request.environ.get('PATH_INFO', '').startswith(PREFIX)
 
 
 class Stats:
@@ -223,7 +224,7 @@ class Stats:
     def _new_route(self, mine, name):
         """The first request of route ``name`` in this thread: its
         :class:`Route`, or None for the operator's own views."""
-        if name.startswith('dbtune.'):
+        if name.startswith(ROUTE_PREFIX):
             # The operator's own views are not the site's traffic.
             mine.routes[name] = None
             return None
