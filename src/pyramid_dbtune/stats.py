@@ -193,6 +193,8 @@ class Stats:
         mine = self.threads.get(ident)
         if mine is None:
             mine = self.threads[ident] = Figures()
+        # route_name(request), written out: a call is a measurable part of
+        # the tween's couple of microseconds (benchmarks/bench_overhead.py).
         matched = getattr(request, 'matched_route', None)
         name = NO_ROUTE if matched is None else matched.name
         try:
