@@ -39,6 +39,10 @@ def crunch(request):
     return {'total': total}
 
 
+def empty_view(request):
+    return {}
+
+
 def chromium():
     binary = shutil.which('chromium')
     if binary is None:
@@ -175,10 +179,7 @@ def test_a_page_of_one_feature(apps, sqlite_url, feature):
 
 
 def test_the_data_cannot_close_the_script(apps, sqlite_url):
-    def view(request):
-        return {}
-
-    app = apps(sqlite_url, [], ON, views={'/</script><b>x': view})
+    app = apps(sqlite_url, [], ON, views={'/</script><b>x': empty_view})
     app.get('/</script><b>x')
     page = app.get('/_dbtune/', headers=AUTH).text
     assert '</script><b>' not in page
@@ -186,10 +187,7 @@ def test_the_data_cannot_close_the_script(apps, sqlite_url):
 
 
 def test_no_markup_in_the_data(apps, sqlite_url):
-    def view(request):
-        return {}
-
-    app = apps(sqlite_url, [], ON, views={'/<!--<script>': view})
+    app = apps(sqlite_url, [], ON, views={'/<!--<script>': empty_view})
     app.get('/<!--<script>')
     page = app.get('/_dbtune/', headers=AUTH).text
     data = re.search(r'let data = (.*);\n', page).group(1)

@@ -196,6 +196,22 @@ def test_stacks_beyond_the_bound_are_one(app, monkeypatch):
     assert sampler.samples == before
 
 
+def test_the_operators_own_views_are_not_sampled(app):
+    sampler = app.app.registry.dbtune.profiler
+    request = app.app.request_factory({'PATH_INFO': '/_dbtune/profile'})
+    request.matched_route = app.app.routes_mapper.get_route('dbtune.profile')
+    sampler.active[threading.get_ident()] = request
+    try:
+        sampler.sample(0.01)
+        assert sampler.samples == 0
+        request.matched_route = app.app.routes_mapper.get_route('/slow')
+        sampler.sample(0.01)  # the same thread, in the site's route
+        assert sampler.samples == 1
+    finally:
+        del sampler.active[threading.get_ident()]
+    assert list(sampler.routes()) == ['/slow']
+
+
 def wait_until(condition):
     deadline = time.monotonic() + 10
     while not condition():

@@ -24,6 +24,8 @@ from pyramid.security import NO_PERMISSION_REQUIRED
 HEADER = 'X-Dbtune-Token'
 #: Every guarded view's path starts here.
 PREFIX = '/_dbtune/'
+#: And its route's name here.
+ROUTE_PREFIX = 'dbtune.'
 #: Methods that change nothing (no CSRF check).
 SAFE = frozenset(['GET', 'HEAD', 'OPTIONS'])
 #: Headers of every answer of a guarded view, the 404 included: figures
@@ -110,7 +112,7 @@ def add_view(config, name, pattern, view, **view_options):
     The view is guarded (:func:`guarded`); ``view_options`` go to
     ``config.add_view`` (``renderer``, ``request_method``...).
     """
-    route = f'dbtune.{name}'
+    route = ROUTE_PREFIX + name
     config.add_route(route, PREFIX + pattern)
     config.add_view(
         guarded(view),

@@ -136,9 +136,13 @@ def _route(request):
 
     profiler = request.registry.dbtune.profiler
     route = access.query(request, 'route') or None
-    if route is not None and route not in profiler.routes():
-        known = ', '.join(profiler.routes()) or 'none yet'
-        raise HTTPNotFound(f'no samples of route {route!r} (sampled: {known})')
+    if route is not None:
+        sampled = profiler.routes()
+        if route not in sampled:
+            known = ', '.join(sampled) or 'none yet'
+            raise HTTPNotFound(
+                f'no samples of route {route!r} (sampled: {known})'
+            )
     return profiler, route
 
 

@@ -23,6 +23,7 @@ from collections import Counter
 from time import perf_counter, sleep
 
 from . import forks
+from .access import ROUTE_PREFIX
 from .stats import route_name
 
 log = logging.getLogger(__name__)
@@ -129,7 +130,7 @@ class Profiler:
             if frame is None:
                 continue  # the request ended since
             name = route_name(request)
-            if name.startswith('dbtune.'):
+            if name.startswith(ROUTE_PREFIX):
                 continue  # the operator's own views
             stack = []
             while frame is not None:

@@ -39,6 +39,7 @@ from collections import deque
 from time import monotonic, perf_counter, process_time, thread_time
 
 from . import forks
+from .access import PREFIX, ROUTE_PREFIX
 
 log = logging.getLogger(__name__)
 
@@ -132,7 +133,7 @@ def route_name(request):
 def operators(request):
     """True for a request to one of the operator's ``/_dbtune/`` views
     (known from its path, before any route is matched)."""
-    return request.environ.get('PATH_INFO', '').startswith('/_dbtune/')
+    return request.environ.get('PATH_INFO', '').startswith(PREFIX)
 
 
 class Stats:
@@ -192,6 +193,8 @@ class Stats:
         mine = self.threads.get(ident)
         if mine is None:
             mine = self.threads[ident] = Figures()
+        # route_name(request), written out: a call is a measurable part of
+        # the tween's couple of microseconds (benchmarks/bench_overhead.py).
         matched = getattr(request, 'matched_route', None)
         name = NO_ROUTE if matched is None else matched.name
         try:
@@ -223,7 +226,7 @@ class Stats:
     def _new_route(self, mine, name):
         """The first request of route ``name`` in this thread: its
         :class:`Route`, or None for the operator's own views."""
-        if name.startswith('dbtune.'):
+        if name.startswith(ROUTE_PREFIX):
             # The operator's own views are not the site's traffic.
             mine.routes[name] = None
             return None
@@ -344,13 +347,7 @@ class Stats:
         latencies: see :attr:`Route.recent`)."""
         total = {}
         for figures in self._figures():
-            for name, route in list(figures.routes.items()):
-                if route is None:
-                    continue
-                into = total.get(name)
-                if into is None:
-                    into = total[name] = Route(self._recent.get(name))
-                into.add(route)
+            _add_routes(total, figures.routes)
         return total
 
     def _cpu(self):
@@ -541,17 +538,23 @@ def _flush_every_second(ref):
 
 def _fold(into, figures):
     """Add the :class:`Figures` of a thread that ended into ``into``."""
-    for name, route in list(figures.routes.items()):
-        if route is None:
-            continue
-        mine = into.routes.get(name)
-        if mine is None:
-            mine = into.routes[name] = Route(route.recent)
-        mine.add(route)
+    _add_routes(into.routes, figures.routes)
     into.measured += figures.measured
     into.wall += figures.wall
     into.cpu += figures.cpu
     into.runnable += figures.runnable
+
+
+def _add_routes(into, routes):
+    """Add each :class:`Route` of ``routes`` (name -> :class:`Route`, or
+    None: not counted) into the one of its name in ``into``."""
+    for name, route in list(routes.items()):
+        if route is None:
+            continue
+        mine = into.get(name)
+        if mine is None:
+            mine = into[name] = Route(route.recent)
+        mine.add(route)
 
 
 def _route_figures(route):
