@@ -484,6 +484,16 @@ def test_not_a_url(url):
     )
 
 
+@pytest.mark.parametrize('token', ['a-token\n', 'a-token-€'])
+def test_a_token_that_cannot_be_a_header(token):
+    status, _, err = run('http://127.0.0.1:9', '--token', token)
+    assert status == 2
+    assert err == (
+        'threadcheck: the token (--token or DBTUNE_TOKEN) must be printable '
+        'ASCII, to go in the X-Dbtune-Token header\n'
+    )
+
+
 def test_an_unexpected_error_is_exit_2_not_far_below(monkeypatch, capsys):
     def broken(*args, **kwargs):
         raise KeyError('surprise')

@@ -522,6 +522,12 @@ def check(
     """Run threadcheck against the application at ``base``; a report as
     a dict (what ``--json`` prints)."""
     base = _base_url(base)
+    if token and not (token.isascii() and token.isprintable()):
+        # Not echoed: it is a secret.
+        raise ProbeError(
+            'the token (--token or DBTUNE_TOKEN) must be printable ASCII, '
+            f'to go in the {HEADER} header'
+        )
     progress = progress or Progress()
     measured, firsts = {}, {}
     for probe in probes:
