@@ -24,7 +24,7 @@ from gunicorn.config import KNOWN_SETTINGS, Config
 from gunicorn.workers.gthread import ThreadWorker
 from pyramid.config import Configurator
 
-from pyramid_dbtune import forks, probes, threadcheck
+from pyramid_dbtune import fastpath, forks, probes, threadcheck
 from pyramid_dbtune import gunicorn as config_module
 
 from conftest import IN_CI
@@ -172,6 +172,21 @@ def test_post_worker_init_logs_and_warns(worker, caplog, monkeypatch,
         worker.wsgi = wsgi
         config_module.post_worker_init(worker)
     assert caplog.text == ''
+    app.registry.dbtune.router.dispose()
+
+
+def test_post_worker_init_finds_the_app_behind_the_fastpath_filter(
+    worker, caplog, sqlite_url
+):
+    with Configurator(
+        settings={'dbtune.url': sqlite_url, 'dbtune.read_pool_size': '2'}
+    ) as config:
+        config.include('pyramid_dbtune')
+        app = config.make_wsgi_app()
+    worker.wsgi = fastpath.filter_app_factory(app, {}, paths='/ok=OK')
+    with caplog.at_level(logging.INFO, 'test.gunicorn'):
+        config_module.post_worker_init(worker)
+    assert 'dbtune.read_pool_size = 2 is below the 8 threads' in caplog.text
     app.registry.dbtune.router.dispose()
 
 

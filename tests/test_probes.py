@@ -92,6 +92,16 @@ def test_bad_milliseconds_are_a_400(ms):
     assert len(response.text) < 1000  # the text is not echoed whole
 
 
+@pytest.mark.parametrize('query', ['ms=%FF', 'ms=5&other=%FF'])
+def test_a_query_string_that_is_not_utf8_is_a_400(query):
+    response = make(**ON).get(
+        f'/_dbtune/probe/io?{query}',
+        headers={access.HEADER: TOKEN},
+        status=400,
+    )
+    assert 'the query string is not UTF-8' in response.text
+
+
 def test_default_milliseconds():
     assert get(make(**ON), 'io').json['ms'] == probes.DEFAULT_MS
 

@@ -154,9 +154,12 @@ def test_an_app_without_a_database_skips_the_sql_probe(serve, capsys):
     assert set(json.loads(capsys.readouterr().out)['probes']) == {'io', 'cpu'}
 
 
-def test_nothing_listening(serve):
-    url = serve(probe_app())
-    status, _, err = run(url + '1', '--duration', '0.1')
+def test_nothing_listening():
+    # A port bound and not listening: connections to it are refused.
+    with socket.socket() as bound:
+        bound.bind(('127.0.0.1', 0))
+        url = f'http://127.0.0.1:{bound.getsockname()[1]}'
+        status, _, err = run(url, '--duration', '0.1')
     assert status == 2 and 'could not be reached' in err
 
 
@@ -457,10 +460,38 @@ def test_an_answer_that_is_not_http(not_http):
     assert 'did not answer in HTTP: BadStatusLine' in err
 
 
-def test_not_a_url():
-    status, _, err = run('127.0.0.1:8000', *QUICK)
+@pytest.mark.parametrize(
+    'url',
+    [
+        '127.0.0.1:8000',
+        'ftp://127.0.0.1:8000',
+        'http://',
+        'http://[::1',
+        'http://host:abc',
+        'http://host:99999',
+        'http://a b',
+        'http://host:8000\n',
+        'http://host:8000/?x=1',
+        'http://host:8000/#top',
+    ],
+)
+def test_not_a_url(url):
+    status, _, err = run(url, *QUICK)
     assert status == 2
-    assert "'127.0.0.1:8000' is not a URL" in err
+    assert err == (
+        f'threadcheck: {url!r} is not a URL: give one such as '
+        'http://host:8000\n'
+    )
+
+
+@pytest.mark.parametrize('token', ['a-token\n', 'a-token-€'])
+def test_a_token_that_cannot_be_a_header(token):
+    status, _, err = run('http://127.0.0.1:9', '--token', token)
+    assert status == 2
+    assert err == (
+        'threadcheck: the token (--token or DBTUNE_TOKEN) must be printable '
+        'ASCII, to go in the X-Dbtune-Token header\n'
+    )
 
 
 def test_an_unexpected_error_is_exit_2_not_far_below(monkeypatch, capsys):

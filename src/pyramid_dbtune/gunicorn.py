@@ -24,7 +24,7 @@ or calls them from hooks of its own.
 
 import os
 
-from . import forks, probes
+from . import fastpath, forks, probes
 
 __all__ = ['post_fork', 'post_worker_init', 'when_ready']
 
@@ -99,13 +99,9 @@ def post_fork(server, worker):
 
 
 def _dbtune_of(app):
-    """The ``registry.dbtune`` of a WSGI app, through its wrappers."""
-    for _ in range(8):
-        registry = getattr(app, 'registry', None)
-        if registry is not None:
-            return getattr(registry, 'dbtune', None)
-        app = getattr(app, 'app', None)
-    return None
+    """The ``registry.dbtune`` of a WSGI app, through its wrappers (the
+    fastpath filter's among them)."""
+    return getattr(fastpath._registry_of(app), 'dbtune', None)
 
 
 def post_worker_init(worker):

@@ -158,7 +158,10 @@ def server_claims(environ):
 
 
 def _milliseconds(request):
-    text = request.GET.get('ms', str(DEFAULT_MS))
+    try:
+        text = request.GET.get('ms', str(DEFAULT_MS))
+    except UnicodeDecodeError:  # any parameter: WebOb decodes them all
+        raise HTTPBadRequest('the query string is not UTF-8') from None
     # Short first: int() of thousands of digits raises, or takes long.
     if not (
         len(text) <= len(str(MAX_MS))

@@ -22,6 +22,7 @@ import statistics
 import sys
 import time
 import urllib.error
+import urllib.parse
 import urllib.request
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
@@ -520,10 +521,12 @@ def check(
 ):
     """Run threadcheck against the application at ``base``; a report as
     a dict (what ``--json`` prints)."""
-    base = base.rstrip('/')
-    if not base.startswith(('http://', 'https://')):
+    base = _base_url(base)
+    if token and not (token.isascii() and token.isprintable()):
+        # Not echoed: it is a secret.
         raise ProbeError(
-            f'{base!r} is not a URL: give one such as http://host:8000'
+            'the token (--token or DBTUNE_TOKEN) must be printable ASCII, '
+            f'to go in the {HEADER} header'
         )
     progress = progress or Progress()
     measured, firsts = {}, {}
@@ -601,6 +604,30 @@ def check(
             'Verdict: the server runs requests as its configuration claims.'
         )
     return report
+
+
+def _base_url(url):
+    """``url`` without its trailing slashes, or a :class:`ProbeError`
+    when it is not the http(s) URL of a server, without a query."""
+    base = url.rstrip('/')
+    try:
+        parts = urllib.parse.urlsplit(base)
+        parts.port  # noqa: B018 (raises ValueError when it is no port)
+    except ValueError:
+        parts = None
+    # urlsplit drops tabs and newlines: look at the text itself too.
+    if not (
+        parts
+        and parts.scheme in ('http', 'https')
+        and parts.hostname
+        and not (parts.query or parts.fragment)
+        and base.isprintable()
+        and ' ' not in base
+    ):
+        raise ProbeError(
+            f'{url!r} is not a URL: give one such as http://host:8000'
+        )
+    return base
 
 
 def _has_probes(base, token):
