@@ -318,8 +318,6 @@ class _Literal:
                 if r.skeleton:
                     continue
                 r.fail(TypeError, piece[0], 'is missing')
-            if not isinstance(value, _SCALARS):
-                r.fail(ValueError, piece[0], f'cannot be bound: {value!r}')
             parts.append(_convert(r, piece[0], 'string', value))
         return r.bind(self.name, ''.join(parts))
 
