@@ -1035,6 +1035,8 @@ _HEADER = re.compile(
     re.DOTALL | re.IGNORECASE,
 )
 _HEADER_LINE = re.compile(r'^\s*([A-Za-z_][\w -]*?)\s*:(.*)$')
+#: Header keys kept on the method as attributes, for the record.
+_KEPT = ('title', 'connection_id', 'max_cache')
 
 
 def _read_header(path, block, first_line):
@@ -1094,11 +1096,9 @@ def load_zsql_file(path, **overrides):
     header = _HEADER.match(source)
     options, first_line = {}, 1
     if header:
-        first_line = header.group('lead').count('\n') + 1
-        options = _read_header(path, header.group('block'), first_line)
-        first_line += header.group(0).count('\n') - header.group('lead').count(
-            '\n'
-        )
+        lead = header.group('lead').count('\n')
+        options = _read_header(path, header.group('block'), lead + 1)
+        first_line = header.group(0).count('\n') + 1
         source = source[header.end() :]
     info = {k: options.pop(k, None) for k in _KEPT}
     options.update(overrides)
@@ -1111,17 +1111,13 @@ def load_zsql_file(path, **overrides):
             first_line=first_line,
             **options,
         )
+    except SQLFileError:
+        raise
     except ValueError as exc:
-        if isinstance(exc, SQLFileError):
-            raise
         raise SQLFileError(f'{path}: {exc}') from None
     for key, value in info.items():
         setattr(method, key, value)
     return method
-
-
-#: Header keys kept on the method as attributes, for the record.
-_KEPT = ('title', 'connection_id', 'max_cache')
 
 
 #: How each kind of SQL file is read, by its ending.
