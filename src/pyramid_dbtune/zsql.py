@@ -942,8 +942,7 @@ class ZSQLMethod(SQLMethod):
         return f'<ZSQLMethod {self.name} ({kind})>'
 
     def _render(self, params):
-        if not self._param_set.issuperset(params):
-            raise self._argument_error(params)
+        self.check_names(params)
         render = _Render(
             self.name, {n: params.get(n, d) for n, d in self._defaults}
         )
