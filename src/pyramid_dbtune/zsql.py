@@ -37,7 +37,9 @@ from .sqlmethod import (
     SQLMethod,
     _yes_no,
     check_unknown_key,
+    header_key,
     load_sql_file,
+    read_source,
 )
 
 
@@ -1049,7 +1051,7 @@ def _read_header(path, block, first_line):
         last = None
         if match is None:
             continue
-        key = re.sub(r'[\s-]+', '_', match.group(1).lower())
+        key = header_key(match.group(1))
         if key in _UNSUPPORTED_KEYS:
             if match.group(2).strip():
                 raise SQLFileError(
@@ -1088,10 +1090,7 @@ def load_zsql_file(path, **overrides):
     over the header.
     """
     path = Path(path)
-    try:
-        source = path.read_text(encoding='utf-8-sig')
-    except UnicodeDecodeError as exc:
-        raise SQLFileError(f'{path}: not UTF-8 text ({exc})') from None
+    source = read_source(path)
     header = _HEADER.match(source)
     options, first_line = {}, 1
     if header:
