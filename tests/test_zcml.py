@@ -108,6 +108,8 @@ def test_a_file_and_a_directory_from_zcml(tmp_path):
     methods = app.app.registry.dbtune.methods
     assert set(methods) == {'one', 'uno'}
     assert methods['uno'][0].tables == {'t'} and methods['uno'][1] == 2
+    # cache_time="2" is the int 2, as in a file's header, not ZCML's 2.0.
+    assert type(methods['uno'][0].cache_time) is int
     app.app.registry.dbtune.router.dispose()
 
 

@@ -257,6 +257,17 @@ def test_header_odds_and_ends(tmp_path):
     statement, binds = method.bind({'a': 'x'})
     assert binds == {'a': 'x', 'b': 'two words', 'c': 3}
     assert str(statement) == 'SELECT :a, :b, :c'
+    # Lines are counted from the file's first, blank lines before the
+    # header included: in the header, and in the statement after it.
+    lines = tmp_path / 'lines.zsql'
+    for header, body, line in [('max_rowz: 1', 'SELECT 1', 4),
+                               ('', 'SELECT\n<dtml-in a>', 7)]:  # fmt: skip
+        lines.write_text(
+            f'\n\n<dtml-comment>\n{header}\n</dtml-comment>\n{body}\n'
+        )
+        with pytest.raises(SQLFileError) as info:
+            load_zsql_file(lines)
+        assert str(info.value).startswith(f'{lines}:{line}: ')
     (tmp_path / 'bad.zsql').write_bytes(b'\xff\xfe')
     with pytest.raises(SQLFileError, match='not UTF-8'):
         load_zsql_file(tmp_path / 'bad.zsql')
@@ -426,7 +437,9 @@ def test_cached_calls_of_different_shapes_do_not_share_rows(sqlite_url, apps):
 
 def test_check_names_allows_any_subset():
     method = zsql('SELECT <dtml-sqlvar a type=int optional>')
-    method.check_names({}) and method.check_names({'a': 1, 'b': 2})
+    # Each subset of the arguments passes (None; an error would raise).
+    assert method.check_names({}) is None
+    assert method.check_names({'a': 1, 'b': 2}) is None
     with pytest.raises(TypeError, match="unexpected argument 'c'; it takes"):
         method.check_names({'c': 1})
 

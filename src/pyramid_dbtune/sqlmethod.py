@@ -276,6 +276,21 @@ def check_unknown_key(path, number, key, keys):
         )
 
 
+def header_key(text):
+    """A header key as written (``Cache-time``), as it is looked up
+    (``cache_time``)."""
+    return re.sub(r'[\s-]+', '_', text.lower())
+
+
+def read_source(path):
+    """The text of a SQL file; a :class:`SQLFileError` if not UTF-8."""
+    try:
+        # utf-8-sig: a byte-order mark must not hide the header.
+        return Path(path).read_text(encoding='utf-8-sig')
+    except UnicodeDecodeError as exc:
+        raise SQLFileError(f'{path}: not UTF-8 text ({exc})') from None
+
+
 def load_sql_file(path, **overrides):
     """Read a ``.sql`` file into a :class:`SQLMethod`.
 
@@ -290,11 +305,7 @@ def load_sql_file(path, **overrides):
     """
     path = Path(path)
     options = {'name': path.stem}
-    try:
-        # utf-8-sig: a byte-order mark must not hide the header.
-        lines = path.read_text(encoding='utf-8-sig').splitlines()
-    except UnicodeDecodeError as exc:
-        raise SQLFileError(f'{path}: not UTF-8 text ({exc})') from None
+    lines = read_source(path).splitlines()
     body = 0
     for number, line in enumerate(lines, 1):
         stripped = line.strip()
@@ -304,7 +315,7 @@ def load_sql_file(path, **overrides):
         match = _HEADER.match(stripped)
         if match is None:
             continue
-        key = re.sub(r'[\s-]+', '_', match.group(1).lower())
+        key = header_key(match.group(1))
         value = match.group(2)
         if key not in _HEADER_KEYS:
             check_unknown_key(path, number, key, _HEADER_KEYS)

@@ -23,7 +23,7 @@ from zope.configuration.fields import Path
 from zope.interface import Interface
 from zope.schema import Bool, Float, Int, Text, TextLine
 
-from .sqlmethod import SQLFileError, SQLMethod
+from .sqlmethod import SQLMethod
 from .zsql import load_file
 
 #: The XML namespace of the ``dbtune:`` directives.
@@ -83,8 +83,11 @@ def sqlmethod(_context, name=None, file=None, sql=None, **kw):
         raise ConfigurationError(
             f'<dbtune:sqlmethod> tables={kw["tables"]!r} names no table'
         )
-    if kw.get('cache_time', 0.5).is_integer():
-        kw['cache_time'] = int(kw['cache_time'])
+    cache_time = kw.get('cache_time')
+    if cache_time is not None and cache_time.is_integer():
+        # ZCML's Float reads "20" as 20.0: keep it the 20 a file's header
+        # or Python would give.
+        kw['cache_time'] = int(cache_time)
     try:
         if file is not None:
             method = load_file(file, **({'name': name} if name else {}), **kw)
@@ -92,7 +95,7 @@ def sqlmethod(_context, name=None, file=None, sql=None, **kw):
             if not name:
                 raise ValueError('an inline SQL method needs a name')
             method = SQLMethod(name, sql, **kw)
-    except (SQLFileError, OSError, ValueError, TypeError) as exc:
+    except (OSError, ValueError, TypeError) as exc:  # SQLFileError too
         raise ConfigurationError(str(exc)) from None
     config.add_sql_method(method)
 

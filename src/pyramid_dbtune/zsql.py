@@ -37,7 +37,9 @@ from .sqlmethod import (
     SQLMethod,
     _yes_no,
     check_unknown_key,
+    header_key,
     load_sql_file,
+    read_source,
 )
 
 
@@ -318,8 +320,6 @@ class _Literal:
                 if r.skeleton:
                     continue
                 r.fail(TypeError, piece[0], 'is missing')
-            if not isinstance(value, _SCALARS):
-                r.fail(ValueError, piece[0], f'cannot be bound: {value!r}')
             parts.append(_convert(r, piece[0], 'string', value))
         return r.bind(self.name, ''.join(parts))
 
@@ -944,8 +944,7 @@ class ZSQLMethod(SQLMethod):
         return f'<ZSQLMethod {self.name} ({kind})>'
 
     def _render(self, params):
-        if not self._param_set.issuperset(params):
-            raise self._argument_error(params)
+        self.check_names(params)
         render = _Render(
             self.name, {n: params.get(n, d) for n, d in self._defaults}
         )
@@ -1037,6 +1036,8 @@ _HEADER = re.compile(
     re.DOTALL | re.IGNORECASE,
 )
 _HEADER_LINE = re.compile(r'^\s*([A-Za-z_][\w -]*?)\s*:(.*)$')
+#: Header keys kept on the method as attributes, for the record.
+_KEPT = ('title', 'connection_id', 'max_cache')
 
 
 def _read_header(path, block, first_line):
@@ -1050,7 +1051,7 @@ def _read_header(path, block, first_line):
         last = None
         if match is None:
             continue
-        key = re.sub(r'[\s-]+', '_', match.group(1).lower())
+        key = header_key(match.group(1))
         if key in _UNSUPPORTED_KEYS:
             if match.group(2).strip():
                 raise SQLFileError(
@@ -1089,18 +1090,13 @@ def load_zsql_file(path, **overrides):
     over the header.
     """
     path = Path(path)
-    try:
-        source = path.read_text(encoding='utf-8-sig')
-    except UnicodeDecodeError as exc:
-        raise SQLFileError(f'{path}: not UTF-8 text ({exc})') from None
+    source = read_source(path)
     header = _HEADER.match(source)
     options, first_line = {}, 1
     if header:
-        first_line = header.group('lead').count('\n') + 1
-        options = _read_header(path, header.group('block'), first_line)
-        first_line += header.group(0).count('\n') - header.group('lead').count(
-            '\n'
-        )
+        lead = header.group('lead').count('\n')
+        options = _read_header(path, header.group('block'), lead + 1)
+        first_line = header.group(0).count('\n') + 1
         source = source[header.end() :]
     info = {k: options.pop(k, None) for k in _KEPT}
     options.update(overrides)
@@ -1113,17 +1109,13 @@ def load_zsql_file(path, **overrides):
             first_line=first_line,
             **options,
         )
+    except SQLFileError:
+        raise
     except ValueError as exc:
-        if isinstance(exc, SQLFileError):
-            raise
         raise SQLFileError(f'{path}: {exc}') from None
     for key, value in info.items():
         setattr(method, key, value)
     return method
-
-
-#: Header keys kept on the method as attributes, for the record.
-_KEPT = ('title', 'connection_id', 'max_cache')
 
 
 #: How each kind of SQL file is read, by its ending.
