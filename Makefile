@@ -68,7 +68,6 @@ bench-overhead: $(VENV)/.testing
 # PostgreSQL server of DBTUNE_TEST_POSTGRESQL; installs wrk and memcached
 # when missing, and saves the chart to docs/_static/headline.png.
 bench: $(VENV)/.testing
-	bash .ci/memcached.sh
 	$(BIN)/python benchmarks/headline.py --chart docs/_static/headline.png
 
 # Starts gunicorn servers on loopback; installs wrk when missing.

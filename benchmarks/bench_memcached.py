@@ -17,13 +17,8 @@ figure is the best of several rounds, run in turn.
 """
 
 import argparse
-import os
-import shutil
-import socket
-import subprocess
 import sys
 import tempfile
-import time
 from pathlib import Path
 
 from dogpile.cache import make_region
@@ -31,7 +26,12 @@ from pymemcache.client.base import Client
 from pyramid.config import Configurator
 from pyramid.scripting import prepare
 
-from common import best_per_call, load_properties
+from common import (
+    best_per_call,
+    load_properties,
+    start_memcached,
+    stop_server,
+)
 
 HERE = Path(__file__).parent
 SEARCH = (
@@ -46,26 +46,6 @@ PARAMS = {
 }
 
 
-def start_memcached():
-    subprocess.run(['bash', str(HERE.parent / '.ci/memcached.sh')], check=True)
-    binary = shutil.which('memcached') or '/usr/bin/memcached'
-    with socket.socket() as s:
-        s.bind(('127.0.0.1', 0))
-        port = s.getsockname()[1]
-    command = [binary, '-l', '127.0.0.1', '-p', str(port), '-U', '0']
-    if os.geteuid() == 0:
-        command += ['-u', 'root']
-    process = subprocess.Popen(command)
-    for _ in range(200):
-        try:
-            socket.create_connection(('127.0.0.1', port), 1).close()
-            return process, port
-        except OSError:
-            time.sleep(0.02)
-    process.kill()
-    raise RuntimeError('memcached did not start')
-
-
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument('--quick', action='store_true')
@@ -78,8 +58,7 @@ def main(argv=None):
             load_properties(url)
             results, size = measure(url, port, calls, rounds)
     finally:
-        process.kill()
-        process.wait()
+        stop_server(process)
     report(results, size)
     return 0
 

@@ -147,6 +147,22 @@ def ensure_wrk():
     return shutil.which('wrk')
 
 
+def start_memcached():
+    """A memcached of the run's own on a free loopback port, installed
+    with apt-get if missing: the process (stop it with
+    :func:`stop_server`) and its port."""
+    binary = shutil.which('memcached') or '/usr/bin/memcached'
+    if not os.path.exists(binary):
+        subprocess.run(
+            ['bash', str(HERE.parent / '.ci/memcached.sh')], check=True
+        )
+    port = free_port()
+    command = [binary, '-l', '127.0.0.1', '-p', str(port), '-U', '0']
+    if os.geteuid() == 0:
+        command += ['-u', 'root']  # it will not run as root unasked
+    return start_server(command, port), port
+
+
 def requests_per_second(
     wrk, url, seconds, threads=2, connections=16, headers=()
 ):

@@ -38,7 +38,6 @@ import json
 import os
 import platform
 import re
-import shutil
 import signal
 import statistics
 import subprocess
@@ -51,7 +50,6 @@ from pathlib import Path
 
 import sqlalchemy as sa
 
-from bench_memcached import start_memcached
 from common import (
     POSTGRESQL_URL,
     ensure_wrk,
@@ -59,12 +57,12 @@ from common import (
     gunicorn_command,
     load_properties,
     postgresql_scratch,
+    start_memcached,
     start_server,
     stop_server,
 )
 from headline_apps import ADMIN_TOKEN
 
-HERE = Path(__file__).parent
 PROPERTIES = 20000
 #: The demo's search cache time (search_properties.sql).
 SEARCH_CACHE_TIME = 30
@@ -650,10 +648,6 @@ def main(argv=None):
     # A CI timeout or a kill sends SIGTERM: clean up as for Ctrl-C.
     signal.signal(signal.SIGTERM, lambda number, frame: sys.exit(143))
     wrk = ensure_wrk()
-    if shutil.which('memcached') is None:
-        subprocess.run(
-            ['bash', str(HERE.parent / '.ci/memcached.sh')], check=True
-        )
     results, checks = {}, {}
     memcached = drop = None
     try:
@@ -683,8 +677,7 @@ def main(argv=None):
         # Cleaning up: a second SIGTERM must not stop it half way.
         signal.signal(signal.SIGTERM, signal.SIG_IGN)
         if memcached is not None:
-            memcached.kill()
-            memcached.wait()
+            stop_server(memcached)
         if drop is not None:
             drop()
     clean, met = report(results, checks, options)
