@@ -63,6 +63,9 @@ def test_bad_search_is_a_400(demo):
 def test_property_page(demo):
     assert demo.get('/property/7').json['id'] == 7
     demo.get('/property/99999', status=404)
+    # Too long for the database's integers: no such property, no error.
+    demo.get('/property/99999999999999999999', status=404)
+    demo.post('/admin/property/99999999999999999999', status=404)
 
 
 def test_admin_update_is_seen_at_once(demo):

@@ -30,7 +30,8 @@ def main(global_config, **settings):
         config.add_sql_methods('accommodation:sql/')
         config.add_route('search', '/')
         config.add_route('api_search', '/api/search')
-        config.add_route('property', '/property/{id:\\d+}')
-        config.add_route('admin_property', '/admin/property/{id:\\d+}')
+        # Ids fit a 64-bit integer column: a longer one is no property.
+        config.add_route('property', '/property/{id:\\d{1,18}}')
+        config.add_route('admin_property', '/admin/property/{id:\\d{1,18}}')
         config.scan('.views')
     return config.make_wsgi_app()
