@@ -97,3 +97,18 @@ def test_headline(tmp_path, postgresql_url):
     assert 'tuned / baseline:' in out and 'At concurrency 32' in out
     assert 'every check passed' in out
     assert png.read_bytes().startswith(b'\x89PNG\r\n\x1a\n')
+
+
+def test_headline_checker_catches_a_stale_cache(postgresql_url):
+    # The tuned searches cached for an hour, checked against one second:
+    # the checker must see stale reads, and the run must fail.
+    done = subprocess.run(
+        [sys.executable, str(BENCHMARKS / 'headline.py'), '--quick',
+         '--stale-cache', '--chart', ''],
+        capture_output=True, text=True, timeout=600,
+    )  # fmt: skip
+    assert done.returncode == 1, done.stdout + done.stderr
+    stale = re.search(r'^tuned checks: .* (\d+) of them able to fail .*: '
+                      r'(\d+) stale', done.stdout, re.M)  # fmt: skip
+    assert stale and int(stale[2]) > 0, done.stdout
+    assert re.search(r'^baseline checks: .*: 0 stale', done.stdout, re.M)
