@@ -230,6 +230,9 @@ def test_access_settings():
     'key, value, accepted',
     [
         ('dbtune.stats.token', 'short', 'a secret of 16 characters'),
+        # A header carries Latin-1: 'é' would never match there.
+        ('dbtune.stats.token', 'é' * 16, 'printable ASCII'),
+        ('dbtune.stats.token', 'a\nsixteen-chars-long', 'printable ASCII'),
         ('dbtune.stats.permission', 'view stats', 'a name without spaces'),
     ],
 )

@@ -85,6 +85,17 @@ def as_secret(value):
     return text
 
 
+def as_token(value):
+    """A secret that can travel in an HTTP header: printable ASCII."""
+    text = as_secret(value)
+    if not (text.isascii() and text.isprintable()) or text != text.strip():
+        raise Invalid(
+            'a token of printable ASCII characters, without spaces at its '
+            'ends (it travels in an HTTP header)'
+        )
+    return text
+
+
 def as_namespace(value):
     text = str(value).strip()
     if (
@@ -279,7 +290,7 @@ TABLE = (
     Setting('stats', as_bool),
     Setting('profile', as_bool),
     Setting('profile.sample', per_second),
-    Setting('stats.token', as_secret),
+    Setting('stats.token', as_token),
     Setting('stats.permission', as_name),
     Setting('probes', as_bool),
 )
