@@ -181,6 +181,7 @@ def test_not_a_probe_answering(serve):
     'argv, message',
     [
         (['--concurrency', '1'], "'1' is not valid: expected a number from 2"),
+        (['--concurrency', '100000000'], 'from 2 to 256'),
         (['--duration', 'x'], "'x' is not valid"),
         (['--ms', '10001'], 'from 10 to 10000'),
         (['--ms', '5'], 'from 10 to 10000'),
@@ -504,6 +505,15 @@ def test_an_unexpected_error_is_exit_2_not_far_below(monkeypatch, capsys):
         "dbtune threadcheck: unexpected error: KeyError: 'surprise'"
         in capsys.readouterr().err
     )
+
+
+def test_ctrl_c_is_a_line_not_a_traceback(monkeypatch, capsys):
+    def interrupted(*args, **kwargs):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(threadcheck, 'check', interrupted)
+    assert cli.main(['threadcheck', 'http://127.0.0.1:9']) == 130
+    assert capsys.readouterr().err == 'dbtune threadcheck: interrupted\n'
 
 
 def test_the_sql_probe_alone_of_an_app_without_a_database(serve):

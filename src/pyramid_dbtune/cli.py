@@ -23,6 +23,9 @@ def main(argv=None):
     args = parser.parse_args(argv)
     try:
         return args.run(args)
+    except KeyboardInterrupt:
+        print(f'dbtune {args.command}: interrupted', file=sys.stderr)
+        return 130
     except Exception as exc:  # exit 1 means a finding: this is not one
         print(
             f'dbtune {args.command}: unexpected error: '

@@ -695,6 +695,10 @@ def _probe_list(text):
     return tuple(names)
 
 
+#: Requests at once, at the most: a thread of this command each.
+MAX_CONCURRENCY = 256
+
+
 def add_parser(commands):
     """Add ``threadcheck`` to the ``dbtune`` command's subcommands."""
     from .probes import MAX_MS
@@ -706,8 +710,9 @@ def add_parser(commands):
     )
     parser.add_argument('url', help='the application, e.g. http://host:8000')
     parser.add_argument(
-        '--concurrency', '-n', type=_positive(int, 2), default=8,
-        help='requests at once (default 8)',
+        '--concurrency', '-n', type=_positive(int, 2, MAX_CONCURRENCY),
+        default=8,
+        help=f'requests at once, 2 to {MAX_CONCURRENCY} (default 8)',
     )  # fmt: skip
     parser.add_argument(
         '--duration', '-d', type=_positive(float, 0.1), default=2.0,
