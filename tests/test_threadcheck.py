@@ -61,10 +61,16 @@ def serve():
                 stops.callback(server.server_close)
                 stops.callback(server.shutdown)
                 return f'http://127.0.0.1:{server.server_port}'
+            # poll, not select: closing the server from this thread while
+            # its loop waits is then a closed channel, not an EBADF error
+            # in the loop's thread.
             server = waitress.server.create_server(
-                app, host='127.0.0.1', port=0, threads=threads
-            )
-            threading.Thread(target=server.run, daemon=True).start()
+                app, host='127.0.0.1', port=0, threads=threads,
+                asyncore_use_poll=True,
+            )  # fmt: skip
+            loop = threading.Thread(target=server.run, daemon=True)
+            loop.start()
+            stops.callback(loop.join, 10)
             stops.callback(server.close)
             return f'http://127.0.0.1:{server.effective_port}'
 
