@@ -11,7 +11,8 @@ Side by side in one run, in process (no server), microseconds per request:
    ``PROMETHEUS_MULTIPROC_DIR`` (several processes), against the handler
    called directly. Target: the tween adds at most 2 us. Then what one
    write of a process's file costs the thread that writes it, once a
-   second (never a request).
+   second (never a request), and what reading a thread's CPU clock costs
+   (one request in ``CPU_EVERY`` does it twice).
 2. The same four through the whole app, a view that answers ``OK``: the
    difference is the same, within the noise of a bigger figure.
 3. A view that does about a millisecond of work (a cached SQL method hit,
@@ -41,6 +42,7 @@ from pyramid.request import Request, apply_request_extensions
 from pyramid.response import Response
 
 import bench_fastpath
+from pyramid_dbtune.stats import CPU_EVERY
 from pyramid_dbtune.tweens import timing_tween_factory
 
 TOKEN = 'a-benchmark-token-of-some-length'
@@ -193,6 +195,13 @@ def main(argv=None):
         alone = tween_alone(apps, ok_calls * 5, ok_rounds)
         flusher = apps[MULTI].registry.dbtune.stats
         flush = min(timed_once(flusher.flush) for _ in range(ok_rounds))
+        clock = (
+            min(
+                timed_once(lambda: [time.thread_time() for _ in range(1000)])
+                for _ in range(ok_rounds)
+            )
+            / 1000
+        )
         tween = side_by_side(apps, '/ok', ok_calls, ok_rounds)
         apps = {name: make(url, s) for name, s in PROFILE.items()}
         profile = side_by_side(apps, '/work', work_calls, work_rounds)
@@ -225,6 +234,10 @@ def main(argv=None):
     print(
         f"one write of the process's file: {flush * 1e6:.0f} us, once a "
         'second, on the thread that writes it'
+    )
+    print(
+        f"reading a thread's CPU clock: {clock * 1e6:.2f} us, twice in one "
+        f'request in {CPU_EVERY}'
     )
 
     base = profile['profiler off']

@@ -125,13 +125,40 @@ def test_server_timing_names_stale_and_waited_when_there_are_some():
     text = tweens.server_timing(request, 0.01)
     assert text == (
         'total;dur=10.000, db-read;dur=3.000, db-queries;desc=2, '
-        'cache-hit;desc=1, cache-miss;desc=2, db-write;dur=1.000, '
-        'write-slot;dur=2.000, cache-stale;desc=3'
+        'cache-hit;desc=1, cache-miss;desc=2, cache-stale;desc=3, '
+        'db-write;dur=1.000, write-slot;dur=2.000'
     )
     Context.cache = {'hit': 0, 'miss': 0, 'stale': 0, 'waited': 4}
     assert tweens.server_timing(request, 0.01).endswith(
-        'write-slot;dur=2.000, cache-waited;desc=4'
+        'cache-miss;desc=0, cache-waited;desc=4, db-write;dur=1.000, '
+        'write-slot;dur=2.000'
     )
+
+
+def test_server_timing_keeps_a_bounded_number_of_counts(monkeypatch):
+    request = Request.blank('/')
+
+    class Unit:
+        write_wait = 0.0
+
+    class Context:
+        write_seconds = 0.0
+        db_seconds = 0.001
+        unit = Unit()
+
+    monkeypatch.setattr(tweens, '_COUNTS', {})
+    monkeypatch.setattr(tweens, 'MAX_COUNTS', 3)
+    context = request.__dict__['dbtune'] = Context()
+    for queries in range(6):
+        for _ in range(2):  # the second: the same counts again
+            context.queries = queries
+            context.cache = {'hit': queries, 'miss': 1, 'stale': 0,
+                             'waited': 0}  # fmt: skip
+            assert tweens.server_timing(request, 0.01) == (
+                f'total;dur=10.000, db-read;dur=1.000, db-queries;desc='
+                f'{queries}, cache-hit;desc={queries}, cache-miss;desc=1'
+            )
+    assert list(tweens._COUNTS) == [(q, q, 1, 0, 0) for q in range(3)]
 
 
 def stats_of(app):

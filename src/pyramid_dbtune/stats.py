@@ -1,7 +1,7 @@
 """Per-process figures, cheap enough to leave on: ``dbtune.stats = true``.
 
-The timing tween (:mod:`.tweens`) hands each finished request to
-:meth:`Stats.record`; everything else (the cache's and the router's
+The timing tween (:mod:`.tweens`) counts each finished request into the
+:class:`Figures` of its thread; everything else (the cache's and the router's
 counters, the pools, the process's CPU time) is read when somebody asks,
 from ``/_dbtune/stats`` (JSON) or ``/_dbtune/metrics`` (Prometheus text).
 
@@ -17,12 +17,13 @@ The parallelism figures answer "am I threading?":
 ``runnable_ratio``
     an estimate of the share of request time spent ready to run but not
     running: waiting for the GIL, or for a core. Measured on one request
-    in :data:`CPU_EVERY` (reading a thread's CPU clock costs about a
-    microsecond) as its wall time, less its thread's CPU time, less the
-    time it was known to wait (database calls, write slot), never below
-    0. Anything else a request waits for (reading its body, files, calls
-    to other services, sleeps) counts here too, and a database call's own
-    CPU time is taken off twice, so read it as a hint, not a measure.
+    in :data:`CPU_EVERY` (reading a thread's CPU clock is a system call,
+    about 0.6 microseconds, twice a request) as its wall time, less its
+    thread's CPU time, less the time it was known to wait (database calls,
+    write slot), never below 0. Anything else a request waits for
+    (reading its body, files, calls to other services, sleeps) counts here
+    too, and a database call's own CPU time is taken off twice, so read it
+    as a hint, not a measure.
 """
 
 import contextlib
@@ -34,7 +35,6 @@ import os
 import threading
 import time
 import weakref
-from bisect import bisect_left
 from collections import deque
 from time import monotonic, perf_counter, process_time, thread_time
 
@@ -48,8 +48,9 @@ BUCKETS = (
     0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05,
     0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, float('inf'),
 )  # fmt: skip
-#: One request in this many has its thread's CPU time measured.
-CPU_EVERY = 16
+#: One request in this many has its thread's CPU time measured (reading a
+#: thread's CPU clock is a system call: about half a microsecond, twice).
+CPU_EVERY = 64
 #: Seconds a point of the dashboard's chart covers, and how many are kept.
 TICK = 2.0
 HISTORY = 300
@@ -81,19 +82,23 @@ class Route:
     """
 
     __slots__ = (
-        'requests', 'errors', 'seconds', 'queries', 'db_seconds',
-        'buckets', 'recent',
+        'errors', 'seconds', 'queries', 'db_seconds', 'buckets', 'recent',
     )  # fmt: skip
 
     def __init__(self, recent=None):
-        self.requests = self.errors = self.queries = 0
+        self.errors = self.queries = 0
         self.seconds = self.db_seconds = 0.0
         self.buckets = [0] * len(BUCKETS)
         self.recent = recent
 
+    @property
+    def requests(self):
+        """The requests counted: those of the histogram's buckets (one
+        figure fewer to keep on a request's path)."""
+        return sum(self.buckets)
+
     def add(self, other):
         """Add ``other``'s counts to this one's."""
-        self.requests += other.requests
         self.errors += other.errors
         self.seconds += other.seconds
         self.queries += other.queries
@@ -175,55 +180,22 @@ class Stats:
             self.peak_in_flight = 0
             self.started = (time.time(), perf_counter(), process_time())
             self.history = deque(maxlen=HISTORY)
-            self._window = deque(maxlen=RECENT)
+            #: the latencies of the chart's current point (the last ones)
+            self.window = deque(maxlen=RECENT)
             # The first request ticks: it writes this process's file, and
             # the chart's first point starts there.
             self._last_tick = None
             self.next_tick = 0.0
 
-    # On the request path
+    # On the request path: the timing tween counts each request into the
+    # Route of its thread and route name; these are its slower turns.
 
-    def record(self, ident, request, seconds, error, cpu_start=None):
-        """Count a finished request of thread ``ident`` that took
-        ``seconds``.
+    def new_thread(self, ident):
+        """The :class:`Figures` of thread ``ident``, at its first request."""
+        mine = self.threads[ident] = Figures()
+        return mine
 
-        ``cpu_start`` is the thread's CPU clock at its start, when this
-        request was picked to have it measured.
-        """
-        mine = self.threads.get(ident)
-        if mine is None:
-            mine = self.threads[ident] = Figures()
-        # route_name(request), written out: a call is a measurable part of
-        # the tween's couple of microseconds (benchmarks/bench_overhead.py).
-        matched = getattr(request, 'matched_route', None)
-        name = NO_ROUTE if matched is None else matched.name
-        try:
-            route = mine.routes[name]
-        except KeyError:
-            route = self._new_route(mine, name)
-        if route is None:
-            return
-        route.requests += 1
-        route.seconds += seconds
-        route.errors += error
-        route.buckets[bisect_left(BUCKETS, seconds)] += 1
-        route.recent.append(seconds)
-        self._window.append(seconds)
-        context = request.__dict__.get('dbtune')
-        if context is not None:
-            route.queries += context.queries
-            route.db_seconds += context.db_seconds
-        if cpu_start is not None:
-            cpu = thread_time() - cpu_start
-            waited = 0.0
-            if context is not None:
-                waited = context.db_seconds + context.unit.write_wait
-            mine.measured += 1
-            mine.wall += seconds
-            mine.cpu += cpu
-            mine.runnable += max(0.0, seconds - cpu - waited)
-
-    def _new_route(self, mine, name):
+    def new_route(self, mine, name):
         """The first request of route ``name`` in this thread: its
         :class:`Route`, or None for the operator's own views."""
         if name.startswith(ROUTE_PREFIX):
@@ -245,6 +217,19 @@ class Stats:
             route = mine.routes[name] = Route(recent)
         return route
 
+    def measured(self, mine, seconds, cpu_start, context):
+        """Count a request of this thread (``mine``) that took ``seconds``
+        and had its thread's CPU clock read at its start (``cpu_start``):
+        one in :data:`CPU_EVERY`."""
+        cpu = thread_time() - cpu_start
+        waited = 0.0
+        if context is not None:
+            waited = context.db_seconds + context.unit.write_wait
+        mine.measured += 1
+        mine.wall += seconds
+        mine.cpu += cpu
+        mine.runnable += max(0.0, seconds - cpu - waited)
+
     def note_peak(self):
         """A request started with more in flight than the peak so far
         (operator's views included): count them as :meth:`in_flight`
@@ -262,7 +247,7 @@ class Stats:
                 return
             last = self._last_tick
             if last is not None:
-                window, self._window = self._window, deque(maxlen=RECENT)
+                window, self.window = self.window, deque(maxlen=RECENT)
             cpu, cache = process_time(), self._cache()
             self._last_tick = (now, cpu, cache)
             self.next_tick = now + TICK

@@ -4,25 +4,44 @@ figures of :mod:`.stats` and :mod:`.profiler`.
 Registered only when ``dbtune.server_timing``, ``dbtune.stats`` or
 ``dbtune.profile`` is on, outermost (under ``INGRESS``), so that the time it
 measures takes in pyramid_tm's commit. Every line of it runs on every
-request: it is kept to a couple of microseconds
-(``benchmarks/bench_overhead.py``), hence ``%`` formatting and a header
+request: it is kept under 2 microseconds with all of them on
+(``benchmarks/bench_overhead.py``). Hence a request is counted into its
+thread's :class:`.stats.Route` here, written out rather than through a
+call; ``%`` formatting; the header's counts kept as text; and the header
 appended to the list rather than set through ``response.headers``.
 """
 
 import itertools
+from bisect import bisect_left
 from threading import get_ident
 from time import perf_counter, thread_time
 
 from pyramid_retry import is_error_retryable
 
 from .cache import HIT, MISS, STALE, WAITED
-from .stats import CPU_EVERY
+from .stats import BUCKETS, CPU_EVERY, NO_ROUTE
 
-# % formats floats faster than f-strings do (see the module's text).
-_READS = (
-    'total;dur=%.3f, db-read;dur=%.3f, db-queries;desc=%d, '
-    'cache-hit;desc=%d, cache-miss;desc=%d'
-)
+# % formats floats faster than f-strings do.
+_TOTAL = 'total;dur=%.3f'
+_READS = 'total;dur=%.3f, db-read;dur=%.3f%s'
+_COUNTS_TEXT = ', db-queries;desc=%d, cache-hit;desc=%d, cache-miss;desc=%d'
+#: ``Server-Timing``'s counts as text, by ``(queries, hits, misses, stale,
+#: waited)``: most requests repeat a handful of them, and formatting is most
+#: of what the header costs. At most :data:`MAX_COUNTS` are kept.
+_COUNTS = {}
+MAX_COUNTS = 1024
+
+
+def _counts(key):
+    queries, hits, misses, stale, waited = key
+    text = _COUNTS_TEXT % (queries, hits, misses)
+    if stale:
+        text += f', cache-stale;desc={stale}'
+    if waited:
+        text += f', cache-waited;desc={waited}'
+    if len(_COUNTS) < MAX_COUNTS:
+        _COUNTS[key] = text
+    return text
 
 
 def server_timing(request, seconds):
@@ -32,27 +51,31 @@ def server_timing(request, seconds):
     and ``write-slot`` (ms), ``cache-stale`` and ``cache-waited`` when not
     0. Each figure costs the request its formatting: the ones that are
     mostly 0 are left out when they are."""
-    context = request.__dict__.get('dbtune')
+    return _server_timing(request.__dict__.get('dbtune'), seconds)
+
+
+def _server_timing(context, seconds):
     if context is None:
-        return 'total;dur=%.3f' % (seconds * 1000)
+        return _TOTAL % (seconds * 1000)
     cache = context.cache
+    key = (
+        context.queries,
+        cache[HIT],
+        cache[MISS],
+        cache[STALE],
+        cache[WAITED],
+    )
     write = context.write_seconds
     text = _READS % (
         seconds * 1000,
         (context.db_seconds - write) * 1000,
-        context.queries,
-        cache[HIT],
-        cache[MISS],
+        _COUNTS.get(key) or _counts(key),
     )
     if write:
         text += ', db-write;dur=%.3f' % (write * 1000)  # noqa: UP031
     wait = context.unit.write_wait
     if wait:
         text += ', write-slot;dur=%.3f' % (wait * 1000)  # noqa: UP031
-    if cache[STALE]:
-        text += f', cache-stale;desc={cache[STALE]}'
-    if cache[WAITED]:
-        text += f', cache-waited;desc={cache[WAITED]}'
     return text
 
 
@@ -67,10 +90,11 @@ def timing_tween_factory(handler, registry):
         def timing_tween(request):
             start = perf_counter()
             response = handler(request)
+            seconds = perf_counter() - start
             response.headerlist.append(
                 (
                     'Server-Timing',
-                    server_timing(request, perf_counter() - start),
+                    _server_timing(request.__dict__.get('dbtune'), seconds),
                 )
             )
             return response
@@ -78,7 +102,6 @@ def timing_tween_factory(handler, registry):
         return timing_tween
 
     active = runtime.active
-    record = None if stats is None else stats.record
     turn = itertools.count()
 
     def timing_tween(request):
@@ -88,37 +111,62 @@ def timing_tween_factory(handler, registry):
         if profiler is not None and not profiler.running:
             profiler.start()
         cpu = None
-        if record is not None:
+        if stats is not None:
             if len(active) > stats.peak_in_flight:
                 stats.note_peak()
             if not next(turn) % CPU_EVERY:
                 cpu = thread_time()
         start = perf_counter()
+        response = raised = None
         try:
             response = handler(request)
         except BaseException as exc:
-            # An attempt that pyramid_retry runs again is not counted.
-            if record is not None and not is_error_retryable(request, exc):
-                record(ident, request, perf_counter() - start, True, cpu)
+            raised = exc
             raise
         finally:
+            end = perf_counter()
             if outer is None:
                 del active[ident]
             else:
                 active[ident] = outer
-        end = perf_counter()
-        if record is not None:
-            # An exception view's answer that pyramid_retry will run again
-            # is not counted; the attempt that answers is.
-            exc = request.__dict__.get('exception')
-            if exc is None or not is_error_retryable(request, exc):
-                error = response.status[0] == '5'
-                record(ident, request, end - start, error, cpu)
-                if end >= stats.next_tick:
-                    stats.tick(end)
+            seconds = end - start
+            state = request.__dict__
+            context = state.get('dbtune')
+            if stats is not None:
+                if raised is None:
+                    # An exception view's answer.
+                    raised = state.get('exception')
+                # An attempt that pyramid_retry runs again is not counted;
+                # the attempt that answers is.
+                if raised is None or not is_error_retryable(request, raised):
+                    # Counted into this thread's figures, written out (see
+                    # the module's text): only this thread writes them.
+                    mine = stats.threads.get(ident)
+                    if mine is None:
+                        mine = stats.new_thread(ident)
+                    matched = state.get('matched_route')
+                    name = NO_ROUTE if matched is None else matched.name
+                    try:
+                        route = mine.routes[name]
+                    except KeyError:
+                        route = stats.new_route(mine, name)
+                    if route is not None:  # None: the operator's views
+                        route.seconds += seconds
+                        route.buckets[bisect_left(BUCKETS, seconds)] += 1
+                        route.recent.append(seconds)
+                        stats.window.append(seconds)
+                        if response is None or response.status[0] == '5':
+                            route.errors += 1
+                        if context is not None:
+                            route.queries += context.queries
+                            route.db_seconds += context.db_seconds
+                        if cpu is not None:
+                            stats.measured(mine, seconds, cpu, context)
+                    if end >= stats.next_tick:
+                        stats.tick(end)
         if header:
             response.headerlist.append(
-                ('Server-Timing', server_timing(request, end - start))
+                ('Server-Timing', _server_timing(context, seconds))
             )
         return response
 
