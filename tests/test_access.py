@@ -43,8 +43,8 @@ def make(policy=None, **settings):
         config.include('pyramid_dbtune')
         if policy is not None:
             config.set_security_policy(policy)
-        access.add_view(config, 'secret', 'secret', secret_view,
-                        renderer='json')  # fmt: skip
+        access.add_route(config)
+        access.add_view(config, 'secret', secret_view, renderer='json')
         app = config.make_wsgi_app()
     return TestApp(app)
 
@@ -147,10 +147,10 @@ def make_strict(policy, session=True, **settings):
         config.set_default_permission('view')
         config.set_default_csrf_options(require_csrf=True)
         config.include('pyramid_dbtune')
-        access.add_view(config, 'secret', 'secret', secret_view,
-                        renderer='json')  # fmt: skip
-        access.add_view(config, 'change', 'change', secret_view,
-                        renderer='json', request_method='POST')  # fmt: skip
+        access.add_route(config)
+        access.add_view(config, 'secret', secret_view, renderer='json')
+        access.add_view(config, 'change', secret_view, renderer='json',
+                        request_method='POST')  # fmt: skip
         return TestApp(config.make_wsgi_app())
 
 
@@ -209,3 +209,17 @@ def test_answers_are_not_kept_nor_referred():
     ):
         assert response.headers['Cache-Control'] == 'no-store'
         assert response.headers['Referrer-Policy'] == 'no-referrer'
+
+
+def test_every_view_shares_one_route():
+    # Each route costs every request of the app a match: the operator's
+    # views, however many are on, add one.
+    on = {'stats': 'true', 'profile': 'true', 'probes': 'true'}
+    app = make(**{'stats.token': TOKEN, **on})
+    routes = app.app.routes_mapper.get_routes()
+    assert [r.name for r in routes] == [access.ROUTE]
+    auth = {access.HEADER: TOKEN}
+    for path in ('', 'stats', 'profile', 'probe/io', 'secret'):
+        app.get(f'/_dbtune/{path}', headers=auth, status=200)
+    app.get('/_dbtune/nothing-here', headers=auth, status=404)
+    app.get('/_dbtune/stats/', headers=auth, status=404)

@@ -199,7 +199,7 @@ def test_stacks_beyond_the_bound_are_one(app, monkeypatch):
 def test_the_operators_own_views_are_not_sampled(app):
     sampler = app.app.registry.dbtune.profiler
     request = app.app.request_factory({'PATH_INFO': '/_dbtune/profile'})
-    request.matched_route = app.app.routes_mapper.get_route('dbtune.profile')
+    request.matched_route = app.app.routes_mapper.get_route(access.ROUTE)
     sampler.active[threading.get_ident()] = request
     try:
         sampler.sample(0.01)

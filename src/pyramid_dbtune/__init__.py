@@ -191,6 +191,8 @@ def includeme(config):
     config.add_request_method(dbsession, 'dbsession', reify=True)
     if parsed.fast_paths:
         fastpath.install(config, parsed.fast_paths)
+    if parsed.stats or parsed.profile or parsed.probes:
+        access.add_route(config)
     if parsed.server_timing or parsed.stats or parsed.profile:
         from . import dashboard
 

@@ -44,7 +44,7 @@ def install(config, runtime):
         runtime.profiler = Profiler(runtime.active, settings.profile_sample)
         add_profile_views(config, runtime.profiler)
     if settings.stats or settings.profile:
-        access.add_view(config, 'dashboard', '', dashboard_view)
+        access.add_view(config, '', dashboard_view)
     config.add_tween(
         'pyramid_dbtune.tweens.timing_tween_factory', under=INGRESS
     )
@@ -93,11 +93,10 @@ def add_stats_views(config, stats):
             registry, path=stats.multiprocess_dir
         )
     access.add_view(
-        config, 'stats', 'stats', lambda request: stats.snapshot(),
-        renderer='json',
-    )  # fmt: skip
+        config, 'stats', lambda request: stats.snapshot(), renderer='json'
+    )
     access.add_view(
-        config, 'metrics', 'metrics', lambda request: metrics(registry, stats)
+        config, 'metrics', lambda request: metrics(registry, stats)
     )
 
 
@@ -122,11 +121,11 @@ def metrics(registry, stats):
 
 def add_profile_views(config, profiler):
     add = access.add_view
-    add(config, 'profile', 'profile', profile_data, renderer='json')
-    add(config, 'profile.prof', 'profile.prof', profile_prof)
-    add(config, 'profile.folded', 'profile.folded', profile_folded)
-    add(config, 'profile.reset', 'profile/reset', profile_reset,
-        renderer='json', request_method='POST')  # fmt: skip
+    add(config, 'profile', profile_data, renderer='json')
+    add(config, 'profile.prof', profile_prof)
+    add(config, 'profile.folded', profile_folded)
+    add(config, 'profile/reset', profile_reset, renderer='json',
+        request_method='POST')  # fmt: skip
 
 
 def _route(request):

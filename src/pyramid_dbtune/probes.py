@@ -242,7 +242,6 @@ def install(config):
     for name, work in probes.items():
         access.add_view(
             config,
-            f'probe.{name}',
             f'probe/{name}',
             _probe(name, work),
             renderer='json',
