@@ -67,6 +67,9 @@ def test_bench_overhead():
     for name in ('server_timing', 'stats + server_timing', 'profiler on'):
         assert name in out
     assert 'tween adds' in out and 'profiler adds' in out
+    # The operator's views add one route for every request to match.
+    assert '(2 routes)' in out and 'with stats (3: the /_dbtune/' in out
+    assert "reading a thread's CPU clock" in out
 
 
 def test_threads_vs_processes(tmp_path):

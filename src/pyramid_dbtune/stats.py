@@ -18,7 +18,7 @@ The parallelism figures answer "am I threading?":
     an estimate of the share of request time spent ready to run but not
     running: waiting for the GIL, or for a core. Measured on one request
     in :data:`CPU_EVERY` (reading a thread's CPU clock is a system call,
-    about 0.6 microseconds, twice a request) as its wall time, less its
+    under a microsecond, twice a request) as its wall time, less its
     thread's CPU time, less the time it was known to wait (database calls,
     write slot), never below 0. Anything else a request waits for
     (reading its body, files, calls to other services, sleeps) counts here
@@ -49,7 +49,7 @@ BUCKETS = (
     0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, float('inf'),
 )  # fmt: skip
 #: One request in this many has its thread's CPU time measured (reading a
-#: thread's CPU clock is a system call: about half a microsecond, twice).
+#: thread's CPU clock is a system call: under a microsecond, twice).
 CPU_EVERY = 64
 #: Seconds a point of the dashboard's chart covers, and how many are kept.
 TICK = 2.0
