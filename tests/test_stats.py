@@ -495,6 +495,13 @@ def test_history_points_for_the_chart(sqlite_url, apps, monkeypatch):
     assert sum(p['requests'] for p in history) == 2
     assert {p['hit_ratio'] for p in history} <= {None, 0.0, 1.0, 0.5}
     assert all(p['p50_ms'] <= p['p95_ms'] for p in history)
+    # A point counts every request of its interval, not only the latencies
+    # it keeps for its percentiles.
+    monkeypatch.setattr(stats, 'RECENT', 1)
+    runtime.stats.reset()
+    for _ in range(4):
+        call(app, ('search', {'area': 'Burley'}))
+    assert sum(p['requests'] for p in stats_of(app)['history']) == 4
     # A tick another thread is taking is not taken twice.
     before = len(runtime.stats.history)
     with runtime.stats._lock:

@@ -249,7 +249,9 @@ class Stats:
             if last is not None:
                 window, self.window = self.window, deque(maxlen=RECENT)
             cpu, cache = process_time(), self._cache()
-            self._last_tick = (now, cpu, cache)
+            # The first point counts from the start, as its window does.
+            served = 0 if last is None else self._served()
+            self._last_tick = (now, cpu, cache, served)
             self.next_tick = now + TICK
         finally:
             self._lock.release()
@@ -257,19 +259,29 @@ class Stats:
             self._start_flusher()
         if last is None:
             return
-        then, then_cpu, then_cache = last
-        ordered = sorted(window)
+        then, then_cpu, then_cache, then_served = last
+        ordered = sorted(window)  # the last RECENT of the point's
         hits = cache['hits'] - then_cache['hits']
         looked = hits + cache['misses'] - then_cache['misses']
         self.history.append(
             {
                 'time': round(time.time(), 3),
-                'requests': len(ordered),
+                'requests': served - then_served,
                 'p50_ms': round(percentile(ordered, 0.5) * 1000, 3),
                 'p95_ms': round(percentile(ordered, 0.95) * 1000, 3),
                 'hit_ratio': round(hits / looked, 4) if looked else None,
                 'cpu_ratio': round((cpu - then_cpu) / (now - then), 4),
             }
+        )
+
+    def _served(self):
+        """The requests counted so far, with :attr:`_lock` held: a sum of
+        sums, once a :data:`TICK`."""
+        return sum(
+            sum(route.buckets)
+            for figures in [self._ended, *self.threads.values()]
+            for route in list(figures.routes.values())
+            if route is not None
         )
 
     # Read when asked
