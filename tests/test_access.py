@@ -5,6 +5,8 @@ from pyramid.authorization import ACLHelper, Allow, Everyone
 from pyramid.config import Configurator
 from pyramid.csrf import get_csrf_token
 from pyramid.exceptions import ConfigurationError
+from pyramid.httpexceptions import HTTPNotFound
+from pyramid.response import Response
 from pyramid.security import NO_PERMISSION_REQUIRED, Denied
 from pyramid.session import SignedCookieSessionFactory
 from webtest import TestApp
@@ -43,8 +45,8 @@ def make(policy=None, **settings):
         config.include('pyramid_dbtune')
         if policy is not None:
             config.set_security_policy(policy)
-        access.add_route(config)
         access.add_view(config, 'secret', secret_view, renderer='json')
+        access.add_route(config)
         app = config.make_wsgi_app()
     return TestApp(app)
 
@@ -147,10 +149,10 @@ def make_strict(policy, session=True, **settings):
         config.set_default_permission('view')
         config.set_default_csrf_options(require_csrf=True)
         config.include('pyramid_dbtune')
-        access.add_route(config)
         access.add_view(config, 'secret', secret_view, renderer='json')
         access.add_view(config, 'change', secret_view, renderer='json',
                         request_method='POST')  # fmt: skip
+        access.add_route(config)
         return TestApp(config.make_wsgi_app())
 
 
@@ -223,3 +225,38 @@ def test_every_view_shares_one_route():
         app.get(f'/_dbtune/{path}', headers=auth, status=200)
     app.get('/_dbtune/nothing-here', headers=auth, status=404)
     app.get('/_dbtune/stats/', headers=auth, status=404)
+
+
+def test_the_route_matches_the_views_paths_and_no_other():
+    on = {
+        'dbtune.stats.token': TOKEN,
+        'dbtune.stats': 'true',
+        'dbtune.profile': 'true',
+        'dbtune.probes': 'true',
+    }
+    paths = ['', 'stats', 'metrics', 'profile', 'profile.prof',
+             'profile.folded', 'profile/reset', 'probe/io',
+             'probe/cpu']  # fmt: skip
+    # An app that adds a slash to a path it does not know: without the
+    # token, a view's path is a 404, not a redirect to the path with a
+    # slash (that would tell the view is there).
+    with Configurator(settings=on) as config:
+        config.include('pyramid_dbtune')
+        config.add_notfound_view(
+            lambda request: HTTPNotFound(), append_slash=True
+        )
+        slashing = TestApp(config.make_wsgi_app())
+    assert sorted(slashing.app.registry.dbtune.views) == sorted(paths)
+    for path in paths:
+        slashing.get(f'/_dbtune/{path}', status=404)
+        allowed = 404 if path == 'profile/reset' else 200  # a POST
+        slashing.get(f'/_dbtune/{path}', headers={access.HEADER: TOKEN},
+                     status=allowed)  # fmt: skip
+    # Any other path under /_dbtune/ is still the app's.
+    with Configurator(settings=on) as config:
+        config.include('pyramid_dbtune')
+        config.add_route('page', '/{path:.*}')
+        config.add_view(lambda request: Response('page'), route_name='page')
+        pages = TestApp(config.make_wsgi_app())
+    for path in ('nothing-here', 'stats/', 'probe/sql', 'profile.prof.x'):
+        assert pages.get(f'/_dbtune/{path}').text == 'page'

@@ -54,6 +54,8 @@ class DBTune:
         self.cache = make_cache(settings)
         self.methods = {}
         self.stats = self.profiler = self.active = None
+        #: the paths of the ``/_dbtune/`` views, under ``/_dbtune/``
+        self.views = []
 
     def cache_time(self, method):
         """The seconds ``method``'s rows are kept, settings applied."""
@@ -191,14 +193,14 @@ def includeme(config):
     config.add_request_method(dbsession, 'dbsession', reify=True)
     if parsed.fast_paths:
         fastpath.install(config, parsed.fast_paths)
-    if parsed.stats or parsed.profile or parsed.probes:
-        access.add_route(config)
     if parsed.server_timing or parsed.stats or parsed.profile:
         from . import dashboard
 
         dashboard.install(config, runtime)
     if parsed.probes:
         probes.install(config)
+    if runtime.views:
+        access.add_route(config)
     # After every other action: overrides may only name registered methods,
     # and a permission needs the security policy the app sets up.
     config.action(None, _check_overrides, args=(runtime,), order=10)

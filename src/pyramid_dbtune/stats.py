@@ -276,10 +276,11 @@ class Stats:
 
     def _served(self):
         """The requests counted so far, with :attr:`_lock` held: a sum of
-        sums, once a :data:`TICK`."""
+        each living thread's routes, and of the ended threads', once a
+        :data:`TICK`."""
         return sum(
             sum(route.buckets)
-            for figures in [self._ended, *self.threads.values()]
+            for figures in self._fold_ended()
             for route in list(figures.routes.values())
             if route is not None
         )
@@ -329,15 +330,21 @@ class Stats:
         )
 
     def _figures(self):
-        """Every thread's :class:`Figures`; those of threads that ended
-        are added into one (a server that makes a thread per connection
-        would otherwise leave one behind per connection)."""
-        living = {thread.ident for thread in threading.enumerate()}
+        """Every thread's :class:`Figures`, those of threads that ended
+        added into one (:meth:`_fold_ended`)."""
         with self._lock:
-            for ident in list(self.threads):
-                if ident not in living:
-                    _fold(self._ended, self.threads.pop(ident))
-            return [self._ended, *self.threads.values()]
+            return self._fold_ended()
+
+    def _fold_ended(self):
+        """With :attr:`_lock` held: add the :class:`Figures` of threads
+        that ended into one (a server that makes a thread per connection
+        would otherwise leave one behind per connection); every thread's
+        figures."""
+        living = {thread.ident for thread in threading.enumerate()}
+        for ident in list(self.threads):
+            if ident not in living:
+                _fold(self._ended, self.threads.pop(ident))
+        return [self._ended, *self.threads.values()]
 
     def _routes(self):
         """Every thread's figures of each route, added up (without their
@@ -388,6 +395,8 @@ class Stats:
             'routes': {
                 name: _route_figures(route)
                 for name, route in sorted(routes.items())
+                # 0: its first request is being counted
+                if route.requests
             },
             'cache': {
                 'backend': self.runtime.settings.cache_backend,

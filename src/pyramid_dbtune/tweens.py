@@ -27,7 +27,8 @@ _READS = 'total;dur=%.3f, db-read;dur=%.3f%s'
 _COUNTS_TEXT = ', db-queries;desc=%d, cache-hit;desc=%d, cache-miss;desc=%d'
 #: ``Server-Timing``'s counts as text, by ``(queries, hits, misses, stale,
 #: waited)``: most requests repeat a handful of them, and formatting is most
-#: of what the header costs. At most :data:`MAX_COUNTS` are kept.
+#: of what the header costs. At most :data:`MAX_COUNTS` are kept (then
+#: they are forgotten, and those of the requests since kept).
 _COUNTS = {}
 MAX_COUNTS = 1024
 
@@ -39,18 +40,19 @@ def _counts(key):
         text += f', cache-stale;desc={stale}'
     if waited:
         text += f', cache-waited;desc={waited}'
-    if len(_COUNTS) < MAX_COUNTS:
-        _COUNTS[key] = text
+    if len(_COUNTS) >= MAX_COUNTS:
+        _COUNTS.clear()  # those of now come back
+    _COUNTS[key] = text
     return text
 
 
 def server_timing(request, seconds):
     """The ``Server-Timing`` value for a request that took ``seconds``:
     ``total``, and when it used the database, ``db-read`` (ms),
-    ``db-queries``, ``cache-hit`` and ``cache-miss`` (counts); ``db-write``
-    and ``write-slot`` (ms), ``cache-stale`` and ``cache-waited`` when not
-    0. Each figure costs the request its formatting: the ones that are
-    mostly 0 are left out when they are."""
+    ``db-queries``, ``cache-hit`` and ``cache-miss`` (counts); then
+    ``cache-stale`` and ``cache-waited`` (counts), ``db-write`` and
+    ``write-slot`` (ms) when not 0. Each figure costs the request its
+    formatting: the ones that are mostly 0 are left out when they are."""
     return _server_timing(request.__dict__.get('dbtune'), seconds)
 
 
