@@ -18,7 +18,7 @@ from html.parser import HTMLParser
 import pytest
 import waitress
 
-from pyramid_dbtune import access, stats
+from pyramid_dbtune import access, dashboard, stats
 
 from conftest import IN_CI, SEARCH, SET_RENT, call
 
@@ -210,3 +210,22 @@ def test_the_page_carries_a_csrf_token_for_the_permission():
         json.loads(re.search(r'let data = (.*);\n', page.text)[1])['csrf']
         is None
     )
+
+
+def test_a_download_is_named_whatever_the_route_is_named():
+    assert dashboard.disposition('dbtune-profile-/slow.prof') == (
+        'attachment; filename="dbtune-profile-/slow.prof"'
+    )
+    # Not Latin-1, or a quote: RFC 6266's UTF-8 form, which any header
+    # carries.
+    assert dashboard.disposition('dbtune-profile-检索.prof') == (
+        "attachment; filename*=UTF-8''dbtune-profile-%E6%A3%80%E7%B4%A2.prof"
+    )
+    assert dashboard.disposition('a"b\\c') == (
+        "attachment; filename*=UTF-8''a%22b%5Cc"
+    )
+
+
+def test_the_page_says_how_often_cpu_is_measured():
+    page = dashboard.PAGE.read_text(encoding='utf-8')
+    assert f'from 1 request in {stats.CPU_EVERY}"' in page

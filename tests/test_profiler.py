@@ -147,7 +147,7 @@ def test_the_profiler_never_serialises_requests(apps, sqlite_url):
 def test_errors_of_the_views(app):
     app.get('/_dbtune/profile', headers=AUTH, params={'route': 'nope'},
             status=404)  # fmt: skip
-    for limit in ('0', 'x', '1001'):
+    for limit in ('0', 'x', '1001', '²'):
         app.get('/_dbtune/profile', headers=AUTH, params={'limit': limit},
                 status=400)  # fmt: skip
 

@@ -522,6 +522,18 @@ def test_a_route_whose_first_request_is_being_counted_is_not_shown(
     assert 'fresh' not in stats_of(app)['routes']
 
 
+def test_the_recent_cpu_ratio_is_the_mean_of_the_last_points(
+    sqlite_url, apps, monkeypatch
+):
+    monkeypatch.setattr(stats, 'RECENT_CPU', 2)
+    app = apps(sqlite_url, [SEARCH], ON)
+    figures = app.app.registry.dbtune.stats
+    figures.reset()
+    assert stats_of(app)['parallelism']['recent_cpu_ratio'] is None
+    figures.history.extend({'cpu_ratio': r} for r in (0.5, 1.0, 1.5, 2.25))
+    assert stats_of(app)['parallelism']['recent_cpu_ratio'] == 1.875
+
+
 def test_history_points_for_the_chart(sqlite_url, apps, monkeypatch):
     monkeypatch.setattr(stats, 'TICK', 0.0)
     app = apps(sqlite_url, [SEARCH], ON)
@@ -671,6 +683,10 @@ def test_files_of_processes_are_summed(tmp_path, caplog):
     # Temporary files: a dead process's are removed, a live one's kept.
     (tmp_path / f'dbtune_{dead}.json.{dead}.1.tmp').write_text('{')
     (tmp_path / f'dbtune_1.json.{os.getpid()}.1.tmp').write_text('{')
+    # Files of another's naming are left alone.
+    strays = ['dbtune_7.json.old.tmp', 'dbtune_².json', 'dbtune_7.x.tmp']
+    for name in strays:
+        (tmp_path / name).write_text('{')
     expected = {
         'c': ('counter', 'C', [({'route': 'a'}, 4)]),
         'g': ('gauge', 'G', [({}, 3)]),  # the living only
@@ -687,6 +703,7 @@ def test_files_of_processes_are_summed(tmp_path, caplog):
     assert f'dbtune_{dead}.json' not in names and stats.ENDED in names
     assert f'dbtune_{dead}.json.{dead}.1.tmp' not in names
     assert f'dbtune_1.json.{os.getpid()}.1.tmp' in names
+    assert set(strays) <= names
     assert stats.read_metrics(tmp_path) == expected
     # A file folded, whose removal failed, is not counted twice.
     stats.write_metrics(tmp_path, dead, families)
@@ -713,6 +730,14 @@ def test_files_are_written_by_a_thread_never_by_a_request(
     monkeypatch.setattr(stats, 'FLUSH_EVERY', 0.05)
     app = apps(sqlite_url, [SEARCH], ON)
     runtime = app.app.registry.dbtune
+    writers = []
+    write = stats.write_metrics
+
+    def spied(*args):
+        writers.append(threading.current_thread())
+        return write(*args)
+
+    monkeypatch.setattr(stats, 'write_metrics', spied)
     call(app, ('search', {'area': 'Burley'}))  # starts the writer thread
     mine = directory / f'dbtune_{os.getpid()}.json'
 
@@ -726,7 +751,9 @@ def test_files_are_written_by_a_thread_never_by_a_request(
     written = mine.stat().st_mtime_ns
     wait_for(lambda: mine.stat().st_mtime_ns != written)  # again, and on
     call(app, ('search', {'area': 'Burley'}))
-    metrics = metrics_of(app)
+    assert writers and threading.current_thread() not in writers
+    metrics = metrics_of(app)  # the scrape writes this process's file first
+    assert writers[-1] is threading.current_thread()
     assert metrics[('dbtune_requests_total', (('route', 'call'),))] == 2
     assert [t.name for t in threading.enumerate()].count(
         'dbtune-stats-flush'

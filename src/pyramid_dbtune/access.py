@@ -12,6 +12,7 @@ and its CSRF checks do not apply to them. A request that changes something
 cannot put it, or, let in by the permission, Pyramid's CSRF token.
 """
 
+import functools
 import hmac
 import re
 
@@ -98,14 +99,13 @@ def _secure(request, response):
 def guarded(view):
     """Wrap ``view(request)`` to answer 404 unless :func:`allowed`."""
 
+    @functools.wraps(view)
     def guarded_view(context, request):
         request.add_response_callback(_secure)
         if not allowed(request):
             raise HTTPNotFound()
         return view(request)
 
-    guarded_view.__wrapped__ = view
-    guarded_view.__doc__ = view.__doc__
     return guarded_view
 
 

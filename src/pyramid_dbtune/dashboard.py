@@ -8,6 +8,7 @@ import contextlib
 import json
 import os
 from importlib.resources import files
+from urllib.parse import quote
 
 from pyramid.csrf import get_csrf_token
 from pyramid.exceptions import ConfigurationError
@@ -149,7 +150,7 @@ def _limit(request):
     from pyramid.httpexceptions import HTTPBadRequest
 
     text = access.query(request, 'limit') or '20'
-    if not (text.isdigit() and 0 < int(text) <= 1000):
+    if not (text.isascii() and text.isdigit() and 0 < int(text) <= 1000):
         raise HTTPBadRequest('limit: a whole number from 1 to 1000')
     return int(text)
 
@@ -182,8 +183,18 @@ def _download(request, body, suffix, content_type):
     if isinstance(data, str):
         data = data.encode('utf-8')
     response = Response(data, content_type=content_type)
-    response.content_disposition = f'attachment; filename="{name}{suffix}"'
+    response.content_disposition = disposition(name + suffix)
     return response
+
+
+def disposition(filename):
+    """The ``Content-Disposition`` of a download named ``filename``: as
+    it is when a header can carry it plainly, else as RFC 6266's UTF-8
+    ``filename*`` (a route's name may be anything)."""
+    plain = filename.isascii() and filename.isprintable()
+    if plain and not {'"', '\\'} & set(filename):
+        return f'attachment; filename="{filename}"'
+    return "attachment; filename*=UTF-8''" + quote(filename, safe='')
 
 
 def profile_prof(request):

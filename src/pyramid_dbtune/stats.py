@@ -54,6 +54,9 @@ CPU_EVERY = 64
 #: Seconds a point of the dashboard's chart covers, and how many are kept.
 TICK = 2.0
 HISTORY = 300
+#: ``recent_cpu_ratio`` is the mean of this many of the chart's last points:
+#: 30 seconds of them while requests come.
+RECENT_CPU = round(30 / TICK)
 #: Latencies kept per route (of every thread) for its percentiles, and for
 #: a point of the chart (the last of its interval).
 RECENT = 1000
@@ -346,17 +349,17 @@ class Stats:
                 _fold(self._ended, self.threads.pop(ident))
         return [self._ended, *self.threads.values()]
 
-    def _routes(self):
-        """Every thread's figures of each route, added up (without their
-        latencies: see :attr:`Route.recent`)."""
+    def _routes(self, figures):
+        """The :class:`Figures` ``figures`` of each route, added up
+        (without their latencies: see :attr:`Route.recent`)."""
         total = {}
-        for figures in self._figures():
-            _add_routes(total, figures.routes)
+        for each in figures:
+            _add_routes(total, each.routes)
         return total
 
-    def _cpu(self):
-        """The measured requests: how many, wall, CPU, runnable."""
-        figures = self._figures()
+    def _cpu(self, figures):
+        """The measured requests of ``figures``: how many, wall, CPU,
+        runnable."""
         return (
             sum(f.measured for f in figures),
             sum(f.wall for f in figures),
@@ -370,9 +373,10 @@ class Stats:
         self.tick(now)
         started, since, cpu_start = self.started
         wall = now - since
-        routes = self._routes()
-        measured, cpu_wall, cpu_seconds, runnable = self._cpu()
-        recent = [p['cpu_ratio'] for p in list(self.history)[-15:]]
+        figures = self._figures()
+        routes = self._routes(figures)
+        measured, cpu_wall, cpu_seconds, runnable = self._cpu(figures)
+        recent = [p['cpu_ratio'] for p in list(self.history)[-RECENT_CPU:]]
         cache = self._cache()
         looked = cache['hits'] + cache['misses']
         return {
@@ -416,11 +420,12 @@ class Stats:
         ``(bucket counts, sum)``. Plain data, so that processes can share
         it in files and it can be summed."""
         cache = self._cache()
+        figures = self._figures()
         routes = [
             (name, r.requests, r.errors, r.buckets, r.seconds)
-            for name, r in self._routes().items()
+            for name, r in self._routes(figures).items()
         ]
-        cpu = self._cpu()[1:]
+        cpu = self._cpu(figures)[1:]
         families = {
             'dbtune_requests': ('counter', 'Requests, by route', [
                 ({'route': n}, count) for n, count, *_ in routes
@@ -694,14 +699,29 @@ def _files(directory):
         if not entry.startswith(FILE_PREFIX) or entry == ENDED:
             continue
         pid, _, rest = entry[len(FILE_PREFIX) :].partition('.')
-        if not pid.isdigit():
-            continue
+        if not _number_text(pid):
+            continue  # not one of ours
         if rest == 'json':
             found[entry] = int(pid)
-        elif rest.endswith('.tmp') and not _alive(int(rest.split('.')[1])):
+            continue
+        # json.<writer's pid>.<thread>.tmp: see _write
+        writer = rest.split('.')
+        if (
+            len(writer) == 4
+            and writer[0] == 'json'
+            and writer[3] == 'tmp'
+            and _number_text(writer[1])
+            and not _alive(int(writer[1]))
+        ):
             with contextlib.suppress(OSError):
                 os.remove(os.path.join(directory, entry))
     return found
+
+
+def _number_text(text):
+    """True for a whole number written in ASCII digits (``isdigit`` takes
+    ``'²'`` too, which ``int`` does not)."""
+    return text.isascii() and text.isdigit()
 
 
 def _sum(total, families, gauges=True):
