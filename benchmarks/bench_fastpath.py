@@ -25,8 +25,10 @@ import argparse
 import io
 import sys
 import time
+from functools import partial
 
 from common import (
+    best_of_rounds,
     ensure_wrk,
     free_port,
     gunicorn_command,
@@ -87,11 +89,10 @@ def in_process(calls, rounds):
     apps = {name: make(name) for name in VARIANTS}
     for app in apps.values():
         assert b''.join(app(environ_for(PATH), start_response)) == b'OK'
-    best = dict.fromkeys(VARIANTS, float('inf'))
-    for _ in range(rounds):
-        for name, app in apps.items():
-            best[name] = min(best[name], per_request(app, calls))
-    return best
+    return best_of_rounds(
+        {name: partial(per_request, app, calls) for name, app in apps.items()},
+        rounds,
+    )
 
 
 def serve(server, variant, port):

@@ -19,6 +19,7 @@ figure is the best of several rounds, run in turn.
 import argparse
 import sys
 import tempfile
+from functools import partial
 from pathlib import Path
 
 from dogpile.cache import make_region
@@ -27,6 +28,7 @@ from pyramid.config import Configurator
 from pyramid.scripting import prepare
 
 from common import (
+    best_of_rounds,
     best_per_call,
     load_properties,
     start_memcached,
@@ -107,21 +109,14 @@ def measure(url, port, calls, rounds):
         return rows
 
     assert dogpile_hit() == rows
-    results = {
-        'raw': float('inf'),
-        'dogpile': float('inf'),
-        'ours': float('inf'),
-    }
-    for _ in range(rounds):
-        results['raw'] = min(
-            results['raw'], best_per_call(lambda: raw.get(name), calls, 1)
-        )
-        results['dogpile'] = min(
-            results['dogpile'], best_per_call(dogpile_hit, calls, 1)
-        )
-        results['ours'] = min(
-            results['ours'], best_per_call(lambda: search(**PARAMS), calls, 1)
-        )
+    results = best_of_rounds(
+        {
+            'raw': partial(best_per_call, lambda: raw.get(name), calls, 1),
+            'dogpile': partial(best_per_call, dogpile_hit, calls, 1),
+            'ours': partial(best_per_call, lambda: search(**PARAMS), calls, 1),
+        },
+        rounds,
+    )
     assert runtime.cache.misses == 1
     raw.close()
     runtime.router.dispose()

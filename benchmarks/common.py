@@ -34,6 +34,17 @@ def best_per_call(function, calls, rounds):
     return best
 
 
+def best_of_rounds(measures, rounds):
+    """``{name: seconds}``: the least of ``rounds`` rounds of each of
+    ``measures`` (name -> a function that times one round), run in turn in
+    each round, so that other load on the machine spoils them alike."""
+    best = dict.fromkeys(measures, float('inf'))
+    for _ in range(rounds):
+        for name, measure in measures.items():
+            best[name] = min(best[name], measure())
+    return best
+
+
 def postgresql_scratch():
     """A URL for a new schema of its own, and a function that drops it.
 

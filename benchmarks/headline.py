@@ -623,11 +623,24 @@ def save_chart(results, concurrencies, path):
     pyplot.close(figure)
 
 
+def positive(text):
+    """A whole number of 1 or more, for argparse."""
+    try:
+        number = int(text)
+    except ValueError:
+        number = 0
+    if number < 1:
+        raise argparse.ArgumentTypeError(
+            f'{text!r}: a whole number, 1 or more'
+        )
+    return number
+
+
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument('--quick', action='store_true')
-    parser.add_argument('--seconds', type=int, default=10)
-    parser.add_argument('--repeat', type=int, default=3)
+    parser.add_argument('--seconds', type=positive, default=10)
+    parser.add_argument('--repeat', type=positive, default=3)
     parser.add_argument(
         '--chart',
         default=str(Path(tempfile.gettempdir()) / 'dbtune-headline.png'),

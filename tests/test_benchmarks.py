@@ -70,6 +70,7 @@ def test_bench_overhead():
     # The operator's views add one route for every request to match.
     assert '(2 routes)' in out
     assert 'with stats (3: /_dbtune/{view:stats|metrics|} first)' in out
+    assert ': the route adds ' in out
     assert "reading a thread's CPU clock" in out
 
 
@@ -116,3 +117,17 @@ def test_headline_checker_catches_a_stale_cache(postgresql_url):
                       r'(\d+) stale', done.stdout, re.M)  # fmt: skip
     assert stale and int(stale[2]) > 0, done.stdout
     assert re.search(r'^baseline checks: .*: 0 stale', done.stdout, re.M)
+
+
+def test_headline_refuses_rounds_it_cannot_run():
+    # Before wrk, the database and the servers: a line, not a traceback.
+    for option in ('--repeat', '--seconds'):
+        for value in ('0', '-1', 'x'):
+            done = subprocess.run(
+                [sys.executable, str(BENCHMARKS / 'headline.py'), option,
+                 value],
+                capture_output=True, text=True, timeout=60,
+            )  # fmt: skip
+            assert done.returncode == 2
+            assert 'a whole number, 1 or more' in done.stderr
+            assert 'Traceback' not in done.stderr

@@ -58,6 +58,9 @@ def test_search_page(demo):
 def test_bad_search_is_a_400(demo):
     demo.get('/api/search', {'max_rent': 'cheap'}, status=400)
     demo.get('/api/search', {'available': 'soon'}, status=400)
+    # Too big for the database's integers: a 400, not an OverflowError.
+    demo.get('/api/search', {'min_rooms': '9' * 20}, status=400)
+    demo.get('/', {'max_rent': '9' * 20}, status=400)
 
 
 def test_property_page(demo):
@@ -85,4 +88,6 @@ def test_admin_update_needs_the_token_and_good_values(demo):
     demo.post('/admin/property/1', update, status=403)
     token = {'X-Admin-Token': 'secret'}
     demo.post('/admin/property/1', {'rent': 'x'}, headers=token, status=400)
+    too_big = {**update, 'rent': '9' * 20}
+    demo.post('/admin/property/1', too_big, headers=token, status=400)
     demo.post('/admin/property/99999', update, headers=token, status=404)

@@ -20,11 +20,19 @@ def _text(*pages):
     return '\n'.join(p.read_text(encoding='utf-8') for p in sorted(paths))
 
 
-@pytest.mark.parametrize('name', pyramid_dbtune.__all__)
-def test_every_public_name_is_in_the_api_reference(name):
+def _in_api(name):
     # In a directive (.. autoclass:: pyramid_dbtune.Name) or a role.
     pattern = rf'(::\s*|`~?)pyramid_dbtune\.{re.escape(name)}\b'
-    assert re.search(pattern, _text('api.rst')), (
+    return re.search(pattern, _text('api.rst'))
+
+
+def _on_settings_page(key):
+    return f'``{key}``' in _text('settings.rst')
+
+
+@pytest.mark.parametrize('name', pyramid_dbtune.__all__)
+def test_every_public_name_is_in_the_api_reference(name):
+    assert _in_api(name), (
         f'pyramid_dbtune.{name} is public but not in docs/api.rst'
     )
 
@@ -38,11 +46,11 @@ def test_every_public_name_is_in_the_api_reference(name):
     ],
 )
 def test_every_setting_is_on_the_settings_page(key):
-    assert f'``{key}``' in _text('settings.rst'), (
+    assert _on_settings_page(key), (
         f'{key} is a setting but not in docs/settings.rst'
     )
 
 
 def test_the_checks_can_fail():
-    assert not re.search(r'pyramid_dbtune\.NoSuchName\b', _text())
-    assert '``dbtune.no_such_setting``' not in _text('settings.rst')
+    assert not _in_api('NoSuchName')
+    assert not _on_settings_page('dbtune.no_such_setting')

@@ -116,7 +116,7 @@ def add_route(config):
 
     One route, not one a view: every request of the app is matched against
     the routes before its own (``pyramid_dbtune`` is included first, as
-    usual), about 0.15 microseconds a route
+    usual), about 0.17 microseconds a route
     (``benchmarks/bench_overhead.py``), and with every feature on the views
     are ten. Any other path under :data:`PREFIX`, and a view's path with a
     ``/`` added, is still the app's to answer.

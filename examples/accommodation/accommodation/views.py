@@ -15,14 +15,23 @@ DEFAULTS = {
 }
 
 
+def whole_number(text):
+    """``text`` as an integer the database can hold (64 bits); else
+    ValueError."""
+    number = int(text)
+    if not -(2**63) <= number < 2**63:
+        raise ValueError(f'{text} is out of range')
+    return number
+
+
 def search_params(request):
     """The search filters from the query string, checked; 400 if bad."""
     get = {**DEFAULTS, **request.GET}
     try:
         params = {
             'area': get['area'],
-            'max_rent': int(get['max_rent']),
-            'min_rooms': int(get['min_rooms']),
+            'max_rent': whole_number(get['max_rent']),
+            'min_rooms': whole_number(get['min_rooms']),
             'available': datetime.date.fromisoformat(
                 get['available']
             ).isoformat(),
@@ -146,7 +155,7 @@ def property_detail(request):
 def update_params(request):
     """The new rent and availability date from the form; 400 if bad."""
     try:
-        rent = int(request.POST['rent'])
+        rent = whole_number(request.POST['rent'])
         available = datetime.date.fromisoformat(
             request.POST['available']
         ).isoformat()
