@@ -425,10 +425,23 @@ def test_two_workers_that_take_turns_are_far_below(gunicorn, tmp_path):
     )
 
 
-def test_preload_with_a_pool_opened_before_the_fork(gunicorn, server_url):
+@pytest.mark.parametrize('when_ready', [True, False])
+def test_preload_with_a_pool_opened_before_the_fork(
+    gunicorn, server_url, tmp_path, when_ready
+):
     # The app reads at start-up, so the master's pools hold connections
-    # when it forks; each worker must use connections of its own.
-    url = gunicorn('--preload', '--workers', '2',
+    # when it forks; each worker must use connections of its own. The
+    # when_ready hook closes them before the fork; without it, the
+    # post_fork hook's renewal must do.
+    flags = []
+    if not when_ready:
+        config = tmp_path / 'no_when_ready.py'
+        config.write_text(
+            'from pyramid_dbtune.gunicorn import (post_fork, '
+            'post_worker_init, threads, worker_class, workers)\n'
+        )
+        flags = ['-c', str(config)]  # the last -c is the one
+    url = gunicorn(*flags, '--preload', '--workers', '2',
                    env={'DBTUNE_PROBE_URL': server_url,
                         'DBTUNE_PROBE_OPEN_POOL': '1'},
                    workers=2)  # fmt: skip

@@ -530,6 +530,24 @@ def test_the_sql_probe_alone_of_an_app_without_a_database(serve):
     # Without the token, no probe answers: the usual message.
     status, _, err = run(url, '--duration', '0.1', '--probes', 'sql')
     assert status == 2 and 'set dbtune.probes = true' in err
+    # With others, it is left out, whichever comes first.
+    for asked in ('sql,io', 'io,sql'):
+        status, out, _ = run(url, *QUICK, '--probes', asked, '--json')
+        assert status == 0 and list(json.loads(out)['probes']) == ['io']
+
+
+def test_a_proxy_in_the_environment_is_not_used(serve):
+    # A proxy would be measured too: threadcheck goes straight to the
+    # server, whatever http_proxy says (here, a port nobody listens on).
+    url = serve(probe_app())
+    done = subprocess.run(
+        [sys.executable, '-c', CONSOLE_SCRIPT, 'threadcheck', url, *QUICK,
+         '--probes', 'io'],
+        capture_output=True, text=True, timeout=120,
+        env={**os.environ, 'http_proxy': 'http://127.0.0.1:9',
+             'HTTP_PROXY': 'http://127.0.0.1:9', 'no_proxy': ''},
+    )  # fmt: skip
+    assert done.returncode == 0, done.stdout + done.stderr
 
 
 def timed(pid, began, seconds, cpu):

@@ -9,8 +9,8 @@ requests that do no work take, and the throughput ratio; it notes the
 processes and threads that served, compares them with what the server
 claims, and says in plain words what it found.
 
-Standard library only, so that it runs on any machine that can reach the
-server.
+It asks over HTTP with the standard library's ``urllib``: no client
+library, nothing beyond pyramid_dbtune's own install.
 """
 
 import argparse
@@ -542,8 +542,8 @@ def check(
                 progress=progress,
             )
         except NoProbe:
-            if probe == 'sql' and (measured or _has_probes(base, token)):
-                if measured:
+            if probe == 'sql' and _has_probes(base, token):
+                if len(probes) > 1:
                     continue  # the application has no database
                 raise NoProbe(
                     f'no sql probe at {base}: the application has no '
