@@ -121,6 +121,8 @@ def test_in_parameters():
                                             'b': 'PostgreSQL or SQLite'}),
         ("SELECT $$ ' $$, :a, $$ ' $$", {'a': 'MySQL'}),
         ('SELECT /*! :a */ :b', {'a': 'PostgreSQL or SQLite'}),
+        ("SELECT \\'-- \\'#\\''x :a",
+         {'a': 'MySQL with NO_BACKSLASH_ESCAPES'}),
         ('SELECT /*!50100 :a */ :b /* :c', {'a': 'PostgreSQL or SQLite',
                                            'c': 'PostgreSQL or SQLite'}),
     ],

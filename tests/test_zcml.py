@@ -159,3 +159,15 @@ def test_the_zcml_include_after_the_python_include(tmp_path):
     # Set up once: the runtime is the first one, the method is on it.
     assert app.registry.dbtune is runtime and set(runtime.methods) == {'one'}
     runtime.router.dispose()
+
+
+def test_the_python_include_after_the_zcml_include(tmp_path):
+    path = write_zcml(tmp_path, '<dbtune:sqlmethods directory="sql" />')
+    with Configurator(settings={'dbtune.url': 'sqlite://'}) as config:
+        config.include('pyramid_zcml')
+        config.load_zcml(str(path))
+        runtime = config.registry.dbtune
+        config.include('pyramid_dbtune')  # not a conflict
+        app = config.make_wsgi_app()
+    assert app.registry.dbtune is runtime and set(runtime.methods) == {'one'}
+    runtime.router.dispose()

@@ -176,6 +176,8 @@ def test_an_unsupported_tag_names_file_line_and_tag(tmp_path):
         ('arguments: a', "SELECT 'x</dtml-if>'",
          ":4: <dtml-if> inside a quoted literal"),
         ('arguments: a', "SELECT 'open", ':4: a quoted literal is not closed'),
+        ('arguments: a', "SELECT 1 WHERE x = '<dtml-var a\" sql_quote>'",
+         ':4: a DTML tag with an unbalanced quote'),
         ('arguments: a', 'SELECT <dtml-sqlvar a>',
          ':4: <dtml-sqlvar> needs a type: one of string, nb, int, float'),
         ('arguments: a', 'SELECT <dtml-sqlvar a type=date>',
@@ -401,11 +403,20 @@ def test_statements_are_kept_per_shape():
     )
     with pytest.raises(TypeError, match="unexpected argument 'c'"):
         method.values({'c': 1})
+    # As in Zope (and the docs' warning): an empty list drops the test.
+    for empty in ([], set(), ()):
+        assert render(method, a=empty) == ('SELECT 1', {})
+        assert method.values({'a': empty}) == method.values({})
 
 
 def test_bad_constructor_arguments():
     with pytest.raises(ValueError, match="'m': template must be text"):
         ZSQLMethod('m', None)
+    # Names given as a list or a dict are checked as a string's are.
+    for arguments in (['a-b'], {'a b': 1}, [1]):
+        with pytest.raises(ValueError, match='is not a Python identifier'):
+            ZSQLMethod('m', 'SELECT <dtml-sqlvar a type=int>',
+                       arguments=arguments)  # fmt: skip
     with pytest.raises(SQLFileError, match=r'^<ZSQL method m>:4: <dtml-in>'):
         ZSQLMethod('m', '\n\nSELECT\n<dtml-in x>')
 

@@ -182,7 +182,12 @@ def includeme(config):
     ``/_dbtune/`` views (:mod:`pyramid_dbtune.dashboard`); with
     ``dbtune.probes`` on, adds the probe views of
     :mod:`pyramid_dbtune.probes`.
+
+    Once a registry: included again (by Python and by ZCML's ``<include
+    package="pyramid_dbtune"/>``, in either order), it does nothing.
     """
+    if getattr(config.registry, 'dbtune', None) is not None:
+        return  # Pyramid would include it again, and conflict
     parsed = _settings.parse(config.get_settings())
     config.include('pyramid_tm')
     runtime = config.registry.dbtune = DBTune(parsed)

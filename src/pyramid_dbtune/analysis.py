@@ -10,6 +10,7 @@ second-guessed.
 """
 
 import re
+from collections import Counter
 
 #: Tables of a read that cannot be told: any committed write invalidates it.
 ANY_TABLE = '*'
@@ -357,18 +358,14 @@ def hidden_parameters(sql, names):
     text into a string or comment, from where it can escape.
     """
     counts = _count(sql, names)
-    found = {n: None for n in names if not counts.get(n)}
+    found = {n: None for n in names if not counts[n]}
     for reading in READINGS:
         seen = _count(_code(sql, reading), names)
         for name in names:
-            if name not in found and seen.get(name) != counts[name]:
+            if name not in found and seen[name] != counts[name]:
                 found[name] = reading
     return found
 
 
 def _count(sql, names):
-    counts = {}
-    for name in _PARAMETER.findall(sql):
-        if name in names:
-            counts[name] = counts.get(name, 0) + 1
-    return counts
+    return Counter(n for n in _PARAMETER.findall(sql) if n in names)

@@ -35,11 +35,9 @@ class ISetupDirective(Interface):
 
 
 def setup(_context):
-    config = with_context(_context)
-    # Set up already, by config.include('pyramid_dbtune') in Python: a
-    # second includeme would conflict with the first.
-    if getattr(config.registry, 'dbtune', None) is None:
-        config.include('pyramid_dbtune')
+    # Once a registry, whether Python included it first or not: includeme
+    # sees to that.
+    with_context(_context).include('pyramid_dbtune')
 
 
 class ISQLMethodDirective(Interface):

@@ -583,7 +583,12 @@ class _Parser:
             elif match.group(0) == "'":
                 break
             else:
-                tag, attrs = self._attrs(_SCAN.match(source, match.start()))
+                tag_match = _SCAN.match(source, match.start())
+                if tag_match is None:
+                    raise self.error(
+                        match.start(), 'a DTML tag with an unbalanced quote'
+                    )
+                tag, attrs = self._attrs(tag_match)
                 if tag != 'var' or match.group(0).startswith('</'):
                     raise self.error(
                         match.start(),
@@ -858,6 +863,13 @@ class ZSQLMethod(SQLMethod):
             arguments = parse_arguments(arguments)
         elif not isinstance(arguments, dict):
             arguments = dict.fromkeys(arguments, ABSENT)
+        for argument in arguments:
+            # As parse_arguments checks a string's.
+            if not (isinstance(argument, str) and argument.isidentifier()):
+                raise ValueError(
+                    f'ZSQL method {name!r}: argument {argument!r} is not a '
+                    'Python identifier'
+                )
         self.where = where = where or f'<ZSQL method {name}>'
         if not isinstance(template, str):
             raise ValueError(f'ZSQL method {name!r}: template must be text')
