@@ -302,6 +302,25 @@ def test_stale_while_another_process_refreshes(sqlite_url, memcached, apps):
     other.close()
 
 
+def test_an_entry_is_kept_as_long_again_past_its_time(
+    sqlite_url, memcached, apps, monkeypatch
+):
+    # So that one process refreshes it while the others are served it.
+    app = apps(sqlite_url, [], shared_settings(memcached))
+    cache = app.app.registry.dbtune.cache
+    key = ('k', (3,), (int,))
+    expiries = {}
+    store = cache.client.set
+
+    def set_(name, value, expire=0, **kw):
+        expiries[name] = expire
+        return store(name, value, expire=expire, **kw)
+
+    monkeypatch.setattr(cache.client, 'set', set_)
+    cache.get_or_fill(key, 10, frozenset(['t']), lambda: Rows(['x'], [(3,)]))
+    assert expiries[cache.entry_key(key)] == 21
+
+
 def test_a_lost_lock_with_no_fill_coming_fills_itself(
     sqlite_url, memcached, apps
 ):

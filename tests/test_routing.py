@@ -693,6 +693,21 @@ def test_pin_window_ends(sqlite_url, apps, monkeypatch):
     assert router._recent == {}
 
 
+def test_a_pin_cookie_that_is_no_time_is_no_pin(sqlite_url, apps):
+    settings = {'dbtune.read_urls': sqlite_url, 'dbtune.pin_after_write': '5'}
+    search = {'name': 'search', 'sql': 'SELECT 1 AS one', 'cache_time': 0}
+    app = apps(sqlite_url, [search], settings)
+    router = app.app.registry.dbtune.router
+    # '²' is a digit to str.isdigit, not to int(); and int() takes at most
+    # 4300 digits.
+    for pin in ('"\\302\\262"', '9' * 5000, '12ab'):
+        app.set_cookie('dbtune_pin', pin)
+        answer = call(app, ('search', {}))  # 200, not a ValueError's 500
+        assert answer['results'][0]['rows'] == [[1]]
+    assert router.writer_reads == 0  # not pinned: read on the reader
+    app.reset()
+
+
 def test_two_commits_in_one_request_pin_once(sqlite_url, apps):
     settings = {'dbtune.read_urls': sqlite_url, 'dbtune.pin_after_write': '5'}
     set_rent = {'name': 'set_rent', 'sql': 'UPDATE property SET rent = 1'}

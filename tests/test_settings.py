@@ -137,11 +137,15 @@ def test_routing_settings():
     [
         ('dbtune.read_urls', [], 'one or more database URLs'),
         ('dbtune.read_urls', 'sqlite:// nope', 'a database URL'),
+        ('dbtune.read_urls', 5, 'one or more database URLs'),
+        ('dbtune.read_urls', 'postgresql://h:port/db', 'a database URL'),
         ('dbtune.read_pool_size', '0', 'a whole number above 0'),
         ('dbtune.write_concurrency', '-1', 'a whole number above 0'),
         ('dbtune.write_timeout', '0', 'a number of seconds above 0'),
         ('dbtune.write_timeout', 'soon', 'a number of seconds above 0'),
         ('dbtune.pin_after_write', '-5', 'a number of seconds, 0 or more'),
+        # Its cookie's expiry must be a date: a 500 after the commit, else.
+        ('dbtune.pin_after_write', '1e12', 'at most 31536000 (a year)'),
     ],
 )
 def test_bad_routing_settings(key, value, accepted):
@@ -179,6 +183,8 @@ def test_memcached_settings():
     [
         ('dbtune.cache.servers', 'h:0', 'host:port items'),
         ('dbtune.cache.servers', [], 'host:port items'),
+        ('dbtune.cache.servers', 'h:²', 'host:port items'),  # not int()'s
+        ('dbtune.cache.servers', 11211, 'host:port items'),  # from Python
         ('dbtune.cache.namespace', 'a b', 'up to 40 letters'),
         ('dbtune.cache.namespace', 'x' * 41, 'up to 40 letters'),
         ('dbtune.cache.timeout', '0', 'a number of seconds above 0'),
@@ -197,6 +203,18 @@ def test_urls_need_a_known_dialect_and_an_installed_driver():
     message = str(info.value)
     assert "whose driver is installed (No module named 'MySQLdb')" in message
     assert 'mysql+pymysql://' in message
+
+
+def test_an_error_hides_a_urls_password():
+    for settings in (
+        {'dbtune.url': 'mysql://app:hunter2@db/shop'},  # no driver
+        {'dbtune.url': 'postgresql://app:hunter2@db:port/shop'},  # bad port
+        {'dbtune.read_urls': ['sqlite://', 'mysql://app:hunter2@db/shop']},
+    ):
+        with pytest.raises(ConfigurationError) as info:
+            parse(settings)
+        assert 'hunter2' not in str(info.value)
+        assert 'app:***@db' in str(info.value)
 
 
 def test_a_timeout_longer_than_a_lock_can_wait_is_refused():

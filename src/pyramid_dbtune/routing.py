@@ -378,7 +378,14 @@ class UnitOfWork:
         self._committed_writes = False
         if router.replicas and router.settings.pin_after_write:
             pin = request.cookies.get(PIN_COOKIE, '')
-            self.pinned = pin.isdigit() and int(pin) > time.time()
+            # A client's cookie: digits of ASCII ('²' is a digit too), and
+            # few enough for int().
+            self.pinned = (
+                pin.isascii()
+                and pin.isdigit()
+                and len(pin) < 20
+                and int(pin) > time.time()
+            )
 
     @classmethod
     def of(cls, request, router, cache):

@@ -33,7 +33,7 @@ def as_url(value):
     try:
         url = make_url(text)
         dialect = url.get_dialect()
-    except (ArgumentError, NoSuchModuleError):
+    except (ArgumentError, NoSuchModuleError, ValueError):  # ValueError: port
         raise Invalid(
             'a database URL such as postgresql+psycopg://user@host/db '
             'or sqlite:///path/to/file.sqlite'
@@ -50,29 +50,40 @@ def as_url(value):
     return text
 
 
+def _items(value, separators, accepted):
+    """The items of a text (split at whitespace and ``separators``) or of
+    a list given from Python."""
+    if isinstance(value, str):
+        for separator in separators:
+            value = value.replace(separator, ' ')
+        return value.split()
+    try:
+        return list(value)
+    except TypeError:
+        raise Invalid(accepted) from None
+
+
 def as_urls(value):
     """One or more database URLs, whitespace-separated."""
-    urls = value.split() if isinstance(value, str) else list(value)
+    accepted = 'one or more database URLs, whitespace-separated'
+    urls = _items(value, '', accepted)
     if not urls:
-        raise Invalid('one or more database URLs, whitespace-separated')
+        raise Invalid(accepted)
     return tuple(as_url(url) for url in urls)
 
 
 def as_servers(value):
     """``host:port`` items, whitespace- or comma-separated."""
-    items = (
-        value.replace(',', ' ').split()
-        if isinstance(value, str)
-        else (list(value))
-    )
+    accepted = 'host:port items such as 127.0.0.1:11211'
     servers = []
-    for item in items:
+    for item in _items(value, ',', accepted):
         host, sep, port = str(item).rpartition(':')
-        if not (sep and host and port.isdigit() and 0 < int(port) < 65536):
-            raise Invalid('host:port items such as 127.0.0.1:11211')
+        digits = port.isascii() and port.isdigit()  # '²' is a digit too
+        if not (sep and host and digits and 0 < int(port) < 65536):
+            raise Invalid(accepted)
         servers.append((host.strip('[]'), int(port)))
     if not servers:
-        raise Invalid('host:port items such as 127.0.0.1:11211')
+        raise Invalid(accepted)
     return tuple(servers)
 
 
@@ -168,6 +179,22 @@ def as_seconds(value):
     if isinstance(value, bool) or not math.isfinite(number) or number < 0:
         raise Invalid('a number of seconds, 0 or more (such as 20 or 1.5)')
     return int(number) if number.is_integer() else number
+
+
+#: The longest ``pin_after_write``: its cookie's expiry must be a date.
+MAX_PIN = 365 * 24 * 3600
+
+
+def pin_seconds(value):
+    """A number of seconds from 0 to :data:`MAX_PIN` (a year)."""
+    seconds = None
+    with contextlib.suppress(Invalid):
+        seconds = as_seconds(value)
+    if seconds is None or seconds > MAX_PIN:
+        raise Invalid(
+            f'a number of seconds, 0 or more and at most {MAX_PIN} (a year)'
+        )
+    return seconds
 
 
 _SIZE = re.compile(r'^\s*(\d+)\s*([kmg]i?b?|b)?\s*$', re.IGNORECASE)
@@ -273,7 +300,7 @@ TABLE = (
     Setting('read_pool_size', positive_int),
     Setting('write_concurrency', positive_int),
     Setting('write_timeout', positive_seconds),
-    Setting('pin_after_write', as_seconds),
+    Setting('pin_after_write', pin_seconds),
     Setting('cache.backend', one_of('memory', 'memcached', 'none')),
     Setting('cache.servers', as_servers),
     Setting('cache.secret', as_secret),
@@ -309,13 +336,15 @@ INVALIDATE_PREFIX = 'invalidate.'
 
 #: Settings whose value is a secret: an error says its length, never it.
 SECRETS = frozenset(['dbtune.cache.secret', 'dbtune.stats.token'])
+#: A URL's password, as an error hides it (as SQLAlchemy shows a URL).
+_PASSWORD = re.compile(r'(://[^:/@\s]*:)[^@\s]*@')
 
 
 def _fail(name, value, accepted):
     if name in SECRETS:
         shown = f'(a secret of {len(str(value))} characters)'
     else:
-        shown = repr(value)
+        shown = _PASSWORD.sub(r'\1***@', repr(value))
     return ConfigurationError(
         f'{name} = {shown} is not valid: expected {accepted}'
     )

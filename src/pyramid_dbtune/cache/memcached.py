@@ -516,9 +516,14 @@ class MemcachedCache:
         return self._on(server, None, 'get', key)
 
     def _entry(self, name, value):
-        """``(rows, generations, expires)`` of a verified value, or None."""
+        """``(rows, generations, expires)`` of a verified value, or None.
+
+        The memo knows a value by its signature: a value that carries the
+        same one is the same value, or one whose rest was changed by
+        somebody without the secret, and then it is these verified rows
+        that are served, not that rest."""
         memo = self._memo.get(name)
-        if memo is not None and memo[0] == value:
+        if memo is not None and memo[0] == value[:_SIGNATURE]:
             return memo[1]
         payload = self._open(name, value)
         if payload is None:
@@ -530,7 +535,7 @@ class MemcachedCache:
             self.rejected += 1  # signed, but not ours to read: a bug
             return None
         with self._lock:
-            self._memo[name] = (value, entry)
+            self._memo[name] = (bytes(value[:_SIGNATURE]), entry)
             if len(self._memo) > self.memo_size:
                 self._memo.popitem(last=False)
         return entry
