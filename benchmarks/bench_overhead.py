@@ -47,8 +47,8 @@ from pyramid.response import Response
 
 import bench_fastpath
 from common import best_of_rounds, best_per_call
-from pyramid_dbtune.stats import CPU_EVERY
-from pyramid_dbtune.tweens import timing_tween_factory
+from pyramid_dbtune.ops.stats import CPU_EVERY
+from pyramid_dbtune.ops.tween import timing_tween_factory
 
 TOKEN = 'a-benchmark-token-of-some-length'
 TWEEN = {

@@ -11,7 +11,7 @@ from pyramid.security import NO_PERMISSION_REQUIRED, Denied
 from pyramid.session import SignedCookieSessionFactory
 from webtest import TestApp
 
-from pyramid_dbtune import access
+from pyramid_dbtune.ops import access
 
 TOKEN = 'a-token-of-16-chars-or-more'
 

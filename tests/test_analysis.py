@@ -2,8 +2,8 @@
 
 import pytest
 
-from pyramid_dbtune import analysis
-from pyramid_dbtune.analysis import ANY_TABLE, analyse, in_parameters
+from pyramid_dbtune.sql import analysis
+from pyramid_dbtune.sql.analysis import ANY_TABLE, analyse, in_parameters
 
 
 @pytest.mark.parametrize(

@@ -18,7 +18,7 @@ from html.parser import HTMLParser
 import pytest
 import waitress
 
-from pyramid_dbtune import access, dashboard, stats
+from pyramid_dbtune.ops import access, dashboard, stats
 
 from conftest import IN_CI, SEARCH, SET_RENT, call
 

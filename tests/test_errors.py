@@ -7,7 +7,7 @@ import psycopg
 import pymysql
 import pytest
 
-from pyramid_dbtune.errors import is_read_only_refusal, is_retryable
+from pyramid_dbtune.routing.errors import is_read_only_refusal, is_retryable
 
 
 @pytest.mark.parametrize(

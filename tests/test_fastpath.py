@@ -16,7 +16,7 @@ from pyramid.response import Response
 from pyramid_retry import RetryableException
 from webtest import TestApp
 
-from pyramid_dbtune import forks
+from pyramid_dbtune.deploy import forks
 from pyramid_dbtune.fastpath import (
     FastPathError,
     deep_check,

@@ -24,8 +24,10 @@ from gunicorn.config import KNOWN_SETTINGS, Config
 from gunicorn.workers.gthread import ThreadWorker
 from pyramid.config import Configurator
 
-from pyramid_dbtune import fastpath, forks, probes, threadcheck
-from pyramid_dbtune import gunicorn as config_module
+from pyramid_dbtune import fastpath
+from pyramid_dbtune.deploy import forks, threadcheck
+from pyramid_dbtune.deploy import gunicorn as config_module
+from pyramid_dbtune.ops import probes
 
 from conftest import IN_CI
 

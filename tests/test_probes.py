@@ -9,7 +9,8 @@ from pyramid.config import Configurator
 from pyramid.exceptions import ConfigurationError
 from webtest import TestApp
 
-from pyramid_dbtune import access, forks, probes
+from pyramid_dbtune.deploy import forks
+from pyramid_dbtune.ops import access, probes
 
 from conftest import query_log
 

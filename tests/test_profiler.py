@@ -8,7 +8,7 @@ import time
 
 import pytest
 
-from pyramid_dbtune import access, profiler
+from pyramid_dbtune.ops import access, profiler
 
 TOKEN = 'a-token-of-16-chars-or-more'
 AUTH = {access.HEADER: TOKEN}

@@ -9,7 +9,7 @@ from pyramid.scripting import prepare
 
 from pyramid_dbtune import SQLMethod, WriteInReadError
 from pyramid_dbtune.cache import MISS, MemoryCache
-from pyramid_dbtune.sqlmethod import load_sql_file
+from pyramid_dbtune.sql.method import load_sql_file
 
 from conftest import call
 

@@ -18,7 +18,7 @@ from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
 from webtest import TestApp
 
 from pyramid_dbtune import WriteInReadError, WriteSlotTimeout
-from pyramid_dbtune.errors import is_retryable
+from pyramid_dbtune.routing.errors import is_retryable
 
 from conftest import (
     POSTGRESQL_URL,
@@ -678,7 +678,7 @@ def test_after_fork_drops_connections_and_makes_new_locks(sqlite_url, apps):
 
 
 def test_pin_window_ends(sqlite_url, apps, monkeypatch):
-    import pyramid_dbtune.routing as routing
+    import pyramid_dbtune.routing.router as routing
 
     now = [100.0]
     monkeypatch.setattr(routing, 'monotonic', lambda: now[0])
@@ -746,7 +746,7 @@ def test_a_slot_left_held_is_released_when_the_request_ends(
 
 @pytest.mark.parametrize('kind', [ORACLE_LIKE, CX_ORACLE_LIKE])
 def test_oracle_read_only_refusal_by_its_code(kind):
-    from pyramid_dbtune.errors import is_read_only_refusal
+    from pyramid_dbtune.routing.errors import is_read_only_refusal
 
     assert is_read_only_refusal(kind(OracleError(1456)))
     assert not is_read_only_refusal(kind(OracleError(942)))

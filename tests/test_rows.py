@@ -114,7 +114,7 @@ def test_columns_are_properties_of_a_class_made_once():
 
 
 def test_the_classes_made_are_bounded(monkeypatch):
-    from pyramid_dbtune import rows as rows_module
+    from pyramid_dbtune.sql import rows as rows_module
 
     monkeypatch.setattr(rows_module, '_MAX_CLASSES', 0)
     first = Rows(['unseen_column'], [(1,)])

@@ -5,7 +5,7 @@ import uuid
 import pytest
 
 from pyramid_dbtune import SQLFileError, SQLMethod
-from pyramid_dbtune.sqlmethod import load_sql_file
+from pyramid_dbtune.sql.method import load_sql_file
 
 
 def test_method_properties():

@@ -17,13 +17,14 @@ from pyramid.interfaces import ITweens
 from pyramid.request import Request
 from webtest import TestApp
 
-from pyramid_dbtune import access, stats, tweens
+from pyramid_dbtune.ops import access, stats
+from pyramid_dbtune.ops import tween as tweens
 
 from conftest import SEARCH, SET_RENT, add_sleep_function, call
 
 TOKEN = 'a-token-of-16-chars-or-more'
 AUTH = {access.HEADER: TOKEN}
-TWEEN = 'pyramid_dbtune.tweens.timing_tween_factory'
+TWEEN = 'pyramid_dbtune.ops.tween.timing_tween_factory'
 ON = {'dbtune.stats': 'true', 'dbtune.stats.token': TOKEN}
 
 

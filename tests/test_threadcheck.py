@@ -20,8 +20,9 @@ import pytest
 import waitress.server
 from pyramid.config import Configurator
 
-from pyramid_dbtune import cli, probes, threadcheck
-from pyramid_dbtune.threadcheck import Capacity, judge
+from pyramid_dbtune.deploy import cli, threadcheck
+from pyramid_dbtune.deploy.threadcheck import Capacity, judge
+from pyramid_dbtune.ops import probes
 
 TOKEN = 'a-probe-token-16-chars'
 QUICK = ['--duration', '0.3', '--ms', '20', '--token', TOKEN]

@@ -11,8 +11,8 @@ from pyramid.config import Configurator
 from pyramid.exceptions import ConfigurationError
 
 from pyramid_dbtune import SQLFileError, ZSQLMethod
-from pyramid_dbtune.analysis import ANY_TABLE
-from pyramid_dbtune.zsql import ABSENT, load_file, load_zsql_file
+from pyramid_dbtune.sql.analysis import ANY_TABLE
+from pyramid_dbtune.sql.zsql import ABSENT, load_file, load_zsql_file
 
 from conftest import call, create_tables, query_log
 

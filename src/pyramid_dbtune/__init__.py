@@ -9,15 +9,17 @@ from pathlib import Path
 from pyramid.exceptions import ConfigurationError
 from pyramid.path import AssetResolver
 
-from . import access, fastpath, probes, zsql
+from . import fastpath
 from . import settings as _settings
 from .cache import MAX_EXPIRY, make_cache
-from .errors import WriteInReadError, WriteSlotTimeout
-from .routing import RequestContext, Router, SQLNamespace
-from .rows import Record, Rows
-from .session import RoutingSession, dbsession
-from .sqlmethod import SQLFileError, SQLMethod
-from .zsql import ZSQLMethod
+from .ops import access, probes
+from .routing.errors import WriteInReadError, WriteSlotTimeout
+from .routing.router import RequestContext, Router, SQLNamespace
+from .routing.session import RoutingSession, dbsession
+from .sql import zsql
+from .sql.method import SQLFileError, SQLMethod
+from .sql.rows import Record, Rows
+from .sql.zsql import ZSQLMethod
 
 __all__ = [
     'DBTune',
@@ -42,8 +44,8 @@ class DBTune:
     maps each SQL method's name to ``(method, cache_time, cache_key,
     invalidated_by)`` once registered, settings applied. With
     ``dbtune.stats`` or ``dbtune.profile`` on, ``stats``
-    (:class:`~pyramid_dbtune.stats.Stats`) and ``profiler``
-    (:class:`~pyramid_dbtune.profiler.Profiler`) hold their figures, and
+    (:class:`~pyramid_dbtune.ops.stats.Stats`) and ``profiler``
+    (:class:`~pyramid_dbtune.ops.profiler.Profiler`) hold their figures, and
     ``active`` maps each thread running a request to its request; else
     they are ``None``.
     """
@@ -126,8 +128,8 @@ def add_sql_methods(config, spec):
     as an asset spec or a path.
 
     ``config.add_sql_methods('myapp:sql/')``; a ``.sql`` file is read by
-    :func:`~pyramid_dbtune.sqlmethod.load_sql_file`, a Zope ``.zsql`` file
-    by :func:`~pyramid_dbtune.zsql.load_zsql_file`.
+    :func:`~pyramid_dbtune.sql.method.load_sql_file`, a Zope ``.zsql`` file
+    by :func:`~pyramid_dbtune.sql.zsql.load_zsql_file`.
     """
     path = Path(AssetResolver(config.package).resolve(spec).abspath())
     files = (
@@ -179,9 +181,9 @@ def includeme(config):
     ``dbtune.fast_paths`` set, answers those paths before Pyramid builds a
     request (:mod:`pyramid_dbtune.fastpath`); with ``dbtune.server_timing``,
     ``dbtune.stats`` or ``dbtune.profile``, adds the timing tween and the
-    ``/_dbtune/`` views (:mod:`pyramid_dbtune.dashboard`); with
+    ``/_dbtune/`` views (:mod:`pyramid_dbtune.ops.dashboard`); with
     ``dbtune.probes`` on, adds the probe views of
-    :mod:`pyramid_dbtune.probes`.
+    :mod:`pyramid_dbtune.ops.probes`.
 
     Once a registry: included again (by Python and by ZCML's ``<include
     package="pyramid_dbtune"/>``, in either order), it does nothing.
@@ -199,7 +201,7 @@ def includeme(config):
     if parsed.fast_paths:
         fastpath.install(config, parsed.fast_paths)
     if parsed.server_timing or parsed.stats or parsed.profile:
-        from . import dashboard
+        from .ops import dashboard
 
         dashboard.install(config, runtime)
     if parsed.probes:

@@ -23,8 +23,8 @@ from zope.configuration.fields import Path
 from zope.interface import Interface
 from zope.schema import Bool, Float, Int, Text, TextLine
 
-from .sqlmethod import SQLMethod
-from .zsql import load_file
+from .sql.method import SQLMethod
+from .sql.zsql import load_file
 
 #: The XML namespace of the ``dbtune:`` directives.
 NAMESPACE = 'urn:pyramid_dbtune'

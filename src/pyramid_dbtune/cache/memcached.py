@@ -30,9 +30,9 @@ from concurrent.futures import Future
 
 from pymemcache.client.hash import HashClient
 
-from .. import forks
-from ..analysis import ANY_TABLE
-from ..rows import Rows
+from ..deploy import forks
+from ..sql.analysis import ANY_TABLE
+from ..sql.rows import Rows
 from . import MAX_EXPIRY
 from .memory import HIT, MISS, STALE, WAITED
 

@@ -12,8 +12,8 @@ from collections import OrderedDict
 from concurrent.futures import Future
 from time import monotonic
 
-from .. import forks
-from ..analysis import ANY_TABLE
+from ..deploy import forks
+from ..sql.analysis import ANY_TABLE
 
 HIT = 'hit'
 MISS = 'miss'

@@ -28,7 +28,7 @@ from pyramid.events import ApplicationCreated
 from pyramid.path import DottedNameResolver
 from sqlalchemy import literal_column, select
 
-from . import forks
+from ..deploy import forks
 
 log = logging.getLogger(__name__)
 

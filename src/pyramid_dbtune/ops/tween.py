@@ -18,7 +18,7 @@ from time import perf_counter, thread_time
 
 from pyramid_retry import is_error_retryable
 
-from .cache import HIT, MISS, STALE, WAITED
+from ..cache import HIT, MISS, STALE, WAITED
 from .stats import BUCKETS, CPU_EVERY, NO_ROUTE
 
 # % formats floats faster than f-strings do.

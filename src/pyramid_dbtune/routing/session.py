@@ -17,7 +17,7 @@ from sqlalchemy import event
 from sqlalchemy.orm import Session
 from sqlalchemy.sql.elements import TextClause
 
-from . import analysis
+from ..sql import analysis
 
 _WHAT = 'request.dbsession'
 

@@ -47,7 +47,7 @@ def install(config, runtime):
     if settings.stats or settings.profile:
         access.add_view(config, '', dashboard_view)
     config.add_tween(
-        'pyramid_dbtune.tweens.timing_tween_factory', under=INGRESS
+        'pyramid_dbtune.ops.tween.timing_tween_factory', under=INGRESS
     )
 
 

@@ -26,15 +26,15 @@ from sqlalchemy.engine import make_url
 from sqlalchemy.exc import DBAPIError
 from zope.sqlalchemy import mark_changed, register
 
-from . import forks
-from .cache import HIT, MISS, STALE, WAITED
+from ..cache import HIT, MISS, STALE, WAITED
+from ..deploy import forks
+from ..sql.rows import Rows
 from .errors import (
     WriteInReadError,
     WriteSlotTimeout,
     is_read_only_refusal,
     mark_retryable,
 )
-from .rows import Rows
 
 log = logging.getLogger(__name__)
 

@@ -75,7 +75,7 @@ class SQLMethod:
     ``writes``
         Whether the statement writes. When not given, it is taken from the
         statement's text: a statement that does not begin as a read does
-        (:func:`~pyramid_dbtune.analysis.analyse`). Say ``writes=True`` for
+        (:func:`~pyramid_dbtune.sql.analysis.analyse`). Say ``writes=True`` for
         a ``SELECT`` of a function that changes data.
     ``invalidate``
         Whether a committed write to the read's tables drops its cached

@@ -31,7 +31,7 @@ from sqlalchemy import bindparam, text
 
 from . import analysis
 from .analysis import ANY_TABLE
-from .sqlmethod import (
+from .method import (
     _SCALARS,
     SQLFileError,
     SQLMethod,

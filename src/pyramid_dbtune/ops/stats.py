@@ -38,7 +38,7 @@ import weakref
 from collections import deque
 from time import monotonic, perf_counter, process_time, thread_time
 
-from . import forks
+from ..deploy import forks
 from .access import PREFIX, ROUTE_PREFIX
 
 log = logging.getLogger(__name__)

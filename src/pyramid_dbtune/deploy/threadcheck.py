@@ -1,6 +1,6 @@
 """``dbtune threadcheck URL``: am I threading, and how well?
 
-Drives the probe views of :mod:`pyramid_dbtune.probes` on a running
+Drives the probe views of :mod:`pyramid_dbtune.ops.probes` on a running
 server, one request at a time and ``N`` at once, in turns, so that other
 load on the machine spoils both alike. For each probe it measures the
 effective parallelism, the seconds of work the probes did in a round of
@@ -27,7 +27,7 @@ import urllib.request
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 
-from .access import HEADER
+from ..ops.access import HEADER
 
 #: The probes, in the order they run.
 PROBES = ('io', 'cpu', 'sql')
@@ -701,7 +701,7 @@ MAX_CONCURRENCY = 256
 
 def add_parser(commands):
     """Add ``threadcheck`` to the ``dbtune`` command's subcommands."""
-    from .probes import MAX_MS
+    from ..ops.probes import MAX_MS
 
     parser = commands.add_parser(
         'threadcheck',

@@ -1,7 +1,7 @@
 """Probe views for ``dbtune threadcheck``: wait, burn CPU, read the database.
 
 With ``dbtune.probes = true`` (and a way in: ``dbtune.stats.token`` or
-``dbtune.stats.permission``, see :mod:`pyramid_dbtune.access`), three
+``dbtune.stats.permission``, see :mod:`pyramid_dbtune.ops.access`), three
 views answer under ``/_dbtune/probe/``, each taking ``ms``, milliseconds
 from 0 to :data:`MAX_MS`:
 
@@ -32,8 +32,8 @@ import time
 
 from pyramid.httpexceptions import HTTPBadRequest
 
+from ..sql.method import SQLMethod
 from . import access
-from .sqlmethod import SQLMethod
 
 #: The most milliseconds a probe may be asked to take.
 MAX_MS = 10000

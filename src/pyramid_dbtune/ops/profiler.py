@@ -22,7 +22,7 @@ import threading
 from collections import Counter
 from time import perf_counter, sleep
 
-from . import forks
+from ..deploy import forks
 from .access import ROUTE_PREFIX
 from .stats import route_name
 

@@ -1,0 +1,2 @@
+"""Deployment: gunicorn's settings and hooks, fork safety, and the
+``dbtune`` command."""

@@ -1,0 +1,2 @@
+"""SQL methods: named statements, ``.sql`` and ``.zsql`` files, what a
+statement reads and writes, and the rows it returns."""
