@@ -54,3 +54,10 @@ def test_every_setting_is_on_the_settings_page(key):
 def test_the_checks_can_fail():
     assert not _in_api('NoSuchName')
     assert not _on_settings_page('dbtune.no_such_setting')
+
+
+def test_buildout_is_in_the_readme_and_the_docs():
+    readme = (DOCS.parent / 'README.rst').read_text(encoding='utf-8')
+    for text in (readme, _text('deployment.rst')):
+        assert 'pip install zc.buildout' in text
+        assert 'bin/pytest' in text
