@@ -25,6 +25,7 @@ from gunicorn.workers.gthread import ThreadWorker
 from pyramid.config import Configurator
 
 from pyramid_dbtune import fastpath
+from pyramid_dbtune import gunicorn as name_shim
 from pyramid_dbtune.deploy import forks, threadcheck
 from pyramid_dbtune.deploy import gunicorn as config_module
 from pyramid_dbtune.ops import probes
@@ -54,9 +55,11 @@ def nothing_declared(monkeypatch):
 def test_the_module_sets_only_what_it_means_to():
     names = {s.name for s in KNOWN_SETTINGS}
     assert names & set(vars(config_module)) == {
-        'workers', 'threads', 'worker_class', 'post_fork', 'post_worker_init',
-        'when_ready',
+        'workers', 'threads', 'worker_class', 'preload_app', 'post_fork',
+        'post_worker_init', 'when_ready',
     }  # fmt: skip
+    # The name gunicorn is given holds the same settings.
+    assert names & set(vars(name_shim)) == names & set(vars(config_module))
     # `from pyramid_dbtune.gunicorn import *` takes the hooks alone.
     assert config_module.__all__ == [
         'post_fork', 'post_worker_init', 'when_ready'
@@ -80,6 +83,7 @@ def test_defaults_from_the_host_and_flags_win(monkeypatch):
     assert cfg.workers == config_module.default_workers()
     assert config_module.default_workers({}) == probes.usable_cores()
     assert (cfg.threads, cfg.worker_class_str) == (4, 'gthread')
+    assert cfg.preload_app is True  # as the README says
     assert cfg.post_fork is config_module.post_fork
     cfg = gunicorn_config(monkeypatch, '--workers', '3', '--threads', '1',
                           '-k', 'sync')  # fmt: skip
@@ -235,10 +239,12 @@ def test_when_ready_closes_the_masters_connections(monkeypatch, db_url):
         loaded.append(True)
         return Wrapper(app)
 
-    # Without --preload the master has no application: none is loaded.
-    config_module.when_ready(Arbiter(gunicorn_config(monkeypatch), wsgi))
+    # Without preloading the master has no application: none is loaded.
+    cfg = gunicorn_config(monkeypatch)
+    cfg.set('preload_app', False)
+    config_module.when_ready(Arbiter(cfg, wsgi))
     assert loaded == [] and pool.checkedin() == 1
-    cfg = gunicorn_config(monkeypatch, '--preload')
+    cfg = gunicorn_config(monkeypatch)  # preloads, by this module's default
     config_module.when_ready(Arbiter(cfg, wsgi))
     assert router.readers[0].engine.pool.checkedin() == 0
     # An application without a database, or not Pyramid's: nothing to do.

@@ -10,6 +10,10 @@ gunicorn applies them after the config file):
   its container's CPU quota), or ``WEB_CONCURRENCY`` when set. The GIL
   lets one thread of a process run Python at a time, so CPU work scales
   with processes, up to the cores.
+* ``preload_app``: on. The application loads once, in the master, and
+  the workers share its memory; the hooks below make that safe (nothing
+  opened before the fork is used after it). ``--no-preload`` is not a
+  flag of gunicorn's: a config of your own sets ``preload_app = False``.
 * ``threads``: :data:`THREADS_PER_WORKER` per worker (``worker_class =
   gthread``), so that a worker keeps its core busy while some of its
   requests wait on the database, memcached or the client. For sync
@@ -48,6 +52,7 @@ def default_workers(environ=os.environ):
 
 
 workers = default_workers()
+preload_app = True
 threads = THREADS_PER_WORKER
 worker_class = 'gthread'
 
