@@ -214,3 +214,36 @@ def test_null_cache_always_fills():
     assert cache.get_or_fill(key('a'), 10, T, fill, 1) == (1, MISS)
     assert cache.get_or_fill(key('a'), 10, T, fill, 2) == (2, MISS)
     cache.invalidate(None)
+
+
+def test_key_size_counts_the_arguments():
+    small = memory_module.estimate_size(('m', ('a',), (str,)), rows())
+    big = memory_module.estimate_size(('m', ('a' * 10**6,), (str,)), rows())
+    assert big - small >= 10**6 - 1
+    listed = memory_module.estimate_size(
+        ('m', (((str, 'a' * 10**6),),), (tuple,)), rows()
+    )
+    assert listed - small >= 10**6 - 1
+
+
+def test_large_arguments_do_not_outgrow_max_bytes(apps, sqlite_url):
+    """150 cached reads whose argument is 1 MB each, under max_bytes = 1MiB:
+    the process keeps at most 4 MB more than before them."""
+    import gc
+    import tracemalloc
+
+    from conftest import SEARCH, call
+
+    app = apps(sqlite_url, [SEARCH], {'dbtune.cache.max_bytes': '1MiB'})
+    call(app, ('search', {'area': 'x' * 10**6}))  # warm: compile, pools
+    gc.collect()
+    tracemalloc.start()
+    try:
+        before = tracemalloc.get_traced_memory()[0]
+        for i in range(150):
+            call(app, ('search', {'area': f'{i:03}' + 'x' * 10**6}))
+        gc.collect()
+        kept = tracemalloc.get_traced_memory()[0] - before
+    finally:
+        tracemalloc.stop()
+    assert kept <= 4 * 2**20, f'{kept / 2**20:.1f} MiB kept'

@@ -26,9 +26,21 @@ _ROW_OVERHEAD = 120
 _ENTRY_OVERHEAD = 400
 
 
+def _deep_size(value):
+    """The bytes of a key's part: its arguments, lists of them included.
+    Types are shared by every key that names them: they count nothing."""
+    if isinstance(value, type):
+        return 0
+    size = sys.getsizeof(value)
+    if isinstance(value, tuple | frozenset):
+        size += sum(_deep_size(item) for item in value)
+    return size
+
+
 def estimate_size(key, value):
-    """Roughly how many bytes ``value`` (a :class:`Rows`) holds in memory."""
-    size = _ENTRY_OVERHEAD + sys.getsizeof(key[0]) + sys.getsizeof(key)
+    """Roughly how many bytes an entry holds in memory: its ``key`` (the
+    arguments of the call within it) and ``value`` (a :class:`Rows`)."""
+    size = _ENTRY_OVERHEAD + sum(_deep_size(part) for part in key)
     getsizeof = sys.getsizeof
     for record in value:
         size += _ROW_OVERHEAD
