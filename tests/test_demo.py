@@ -91,3 +91,31 @@ def test_admin_update_needs_the_token_and_good_values(demo):
     too_big = {**update, 'rent': '9' * 20}
     demo.post('/admin/property/1', too_big, headers=token, status=400)
     demo.post('/admin/property/99999', update, headers=token, status=404)
+
+
+def test_make_demo_shows_the_operations_side(tmp_path, caplog):
+    """development.ini turns on Server-Timing, stats and the profiler, and
+    the demo logs the dashboard's link with a token made at start."""
+    from pathlib import Path
+
+    from pyramid.paster import get_appsettings
+
+    ini = Path(__file__).parents[1] / 'examples/accommodation/development.ini'
+    settings = dict(get_appsettings(str(ini)))
+    settings['accommodation.database'] = str(tmp_path / 'demo.sqlite')
+    settings['accommodation.properties'] = '300'
+    caplog.set_level('INFO', logger='accommodation')
+    app = main({}, **settings)
+    try:
+        links = [
+            r.getMessage() for r in caplog.records if '/_dbtune/' in r.msg
+        ]
+        assert len(links) == 1, caplog.text
+        token = links[0].split('token=')[1].split()[0]
+        demo = TestApp(app)
+        assert 'total;dur=' in demo.get('/').headers['Server-Timing']
+        assert '<title>' in demo.get(f'/_dbtune/?token={token}').text
+        assert demo.get('/_dbtune/stats', params={'token': token}).json
+        demo.get('/_dbtune/', status=404)  # not without the token
+    finally:
+        app.registry.dbtune.router.dispose()

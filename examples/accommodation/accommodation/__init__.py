@@ -6,9 +6,11 @@ first start.
 """
 
 import logging
+import secrets
 from pathlib import Path
 
 from pyramid.config import Configurator
+from pyramid.settings import asbool
 
 from .seed import seed
 
@@ -25,6 +27,18 @@ def main(global_config, **settings):
             log.info('seeding %s with %d properties', path, count)
             seed(path, count)
         settings['dbtune.url'] = f'sqlite:///{path}'
+    operations = ('dbtune.stats', 'dbtune.profile')
+    if any(asbool(settings.get(name)) for name in operations) and not (
+        settings.get('dbtune.stats.token')
+    ):
+        # A demo has no secret of its own to keep: one made now, shown once.
+        token = settings['dbtune.stats.token'] = secrets.token_urlsafe(16)
+        log.info(
+            'the dashboard: /_dbtune/?token=%s (on make demo: '
+            'http://127.0.0.1:6543/_dbtune/?token=%s)',
+            token,
+            token,
+        )
     with Configurator(settings=settings) as config:
         config.include('pyramid_dbtune')
         config.add_sql_methods('accommodation:sql/')
