@@ -148,6 +148,13 @@ def test_the_dashboard_in_a_browser(served, tmp_path):
     assert 3 <= points <= len(figures['history'])  # it ticks on
     drawn = page.attrs['latency-line']['points'].split()
     assert len(drawn) == points
+    # Its axes: clock times under it, milliseconds and the ratio beside it.
+    axes = page.ids['chart-axes']
+    assert len(re.findall(r'\d\d:\d\d:\d\d', axes)) >= 2, axes
+    assert f'{page.ids["chart-max"]} ms' in axes and '0 ms' in axes
+    assert re.fullmatch(r'\d+\.\d', page.ids['chart-tick'])
+    # The legend's spacing is for its entries, not the figure inside one.
+    assert '.legend > span {' in dom and '.legend span {' not in dom
     # The profile names the view's function.
     assert 'crunch' in dom
     assert int(page.ids['profile-samples']) >= 1
