@@ -464,6 +464,11 @@ class Proxy:
                 client, _ = listener.accept()
             except OSError:
                 return  # cut
+            if listener is not self._listener:
+                # Cut while this thread waited in accept(), which a close
+                # from another thread does not end: refused all the same.
+                client.close()
+                return
             server = socket.create_connection(('127.0.0.1', self.target))
             with self._lock:
                 self._sockets += [client, server]
@@ -496,6 +501,7 @@ class Proxy:
 
     def cut(self):
         self._listener.close()
+        self._listener = None
         with self._lock:
             for end in self._sockets:
                 with contextlib.suppress(OSError):

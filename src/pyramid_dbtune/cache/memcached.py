@@ -7,33 +7,34 @@ error.
 
 What is stored is signed: each value carries an HMAC-SHA256 of its key and
 its payload under ``dbtune.cache.secret``, checked before anything is
-decoded. The payload is JSON with tagged values, never a pickle: a forged
-or garbled value is rejected and cannot run code.
+decoded (:mod:`.codec`: JSON with tagged values, never a pickle), so a
+forged or garbled value is rejected and cannot run code.
+
+memcached is spoken through pymemcache's public API: a ``Client`` per
+server and thread (a ``Client`` is not thread-safe, and one per thread
+takes no lock on the hit path), the server of a key chosen by pymemcache's
+``RendezvousHash``, a server that fails set aside for
+``dbtune.cache.dead_retry`` seconds.
 """
 
-import base64
-import datetime
-import decimal
 import hashlib
 import hmac
-import json
 import logging
 import secrets
-import socket
-import struct
-import sys
 import threading
 import time
-import uuid
 from collections import OrderedDict
 from concurrent.futures import Future
 
-from pymemcache.client.hash import HashClient
+from pymemcache.client.base import Client
+from pymemcache.client.rendezvous import RendezvousHash
+from pymemcache.client.retrying import RetryingClient
+from pymemcache.exceptions import MemcacheUnexpectedCloseError
 
 from ..deploy import forks
 from ..sql.analysis import ANY_TABLE
-from ..sql.rows import Rows
 from . import MAX_EXPIRY
+from .codec import Unencodable, decode, encode
 from .memory import HIT, MISS, STALE, WAITED
 
 log = logging.getLogger(__name__)
@@ -49,230 +50,41 @@ _WAITS = (0.001, 0.002, 0.004, 0.008, 0.016, *[0.025] * 18, 0.019)
 _FAILED = object()  # what a call that memcached failed returns
 
 
-class Unencodable(TypeError):
-    """A value the row codec has no tag for: its rows are not shared."""
+#: Failures that say a server is unreachable, not that it refused a key:
+#: such a server is set aside for a while (as HashClient does).
+_UNREACHABLE = (OSError, MemcacheUnexpectedCloseError)
+#: A kept connection found closed (memcached restarted, or something
+#: between reset it): asked once more, on a new one.
+_CLOSED = (ConnectionResetError, BrokenPipeError, MemcacheUnexpectedCloseError)
 
 
-def _tag(value):
-    if isinstance(value, bytes):
-        return {'$b': base64.b64encode(value).decode('ascii')}
-    if isinstance(value, decimal.Decimal):
-        return {'$d': str(value)}
-    if isinstance(value, datetime.datetime):
-        return {'$T': value.isoformat()}
-    if isinstance(value, datetime.date):
-        return {'$D': value.isoformat()}
-    if isinstance(value, datetime.time):
-        return {'$t': value.isoformat()}
-    if isinstance(value, datetime.timedelta):
-        return {'$i': [value.days, value.seconds, value.microseconds]}
-    if isinstance(value, uuid.UUID):
-        return {'$u': str(value)}
-    raise Unencodable(type(value).__name__)
+def kept_for(ttl):
+    """Seconds memcached keeps an entry of ``ttl`` seconds: as long again
+    past its time, to be served while one process refreshes it; never past
+    memcached's 30 days."""
+    return min(MAX_EXPIRY, max(1, int(ttl * 2 + 1)))
 
 
-def _cell(value):
-    # JSON and arrays (dicts and lists) travel as JSON text of their own,
-    # so that their contents are never taken for tags.
-    if isinstance(value, dict | list | tuple):
-        try:
-            return {'$j': json.dumps(value, separators=(',', ':'))}
-        except TypeError:
-            raise Unencodable(type(value).__name__) from None
-    return value
+class Server:
+    """One memcached server: its address, this thread's client of it, and
+    until when it is set aside after a failure."""
 
+    def __init__(self, address, options):
+        self.address = address
+        self.options = options
+        self.local = threading.local()
+        self.down_until = 0.0
 
-_UNTAG = {
-    '$b': base64.b64decode,
-    '$d': decimal.Decimal,
-    '$T': datetime.datetime.fromisoformat,
-    '$D': datetime.date.fromisoformat,
-    '$t': datetime.time.fromisoformat,
-    '$i': lambda v: datetime.timedelta(*v),
-    '$u': uuid.UUID,
-    '$j': json.loads,
-}
+    def __repr__(self):
+        return '{}:{}'.format(*self.address)
 
-
-def _untag(obj):
-    # The only one-key objects the codec writes are tags; the payload
-    # itself has more keys, and JSON cells travel as text.
-    if len(obj) == 1:
-        ((tag, value),) = obj.items()
-        return _UNTAG[tag](value)
-    return obj
-
-
-def encode(rows, generations, expires):
-    """The payload of an entry: JSON, compact, no pickle."""
-    return json.dumps(
-        {
-            'c': rows.columns,
-            'r': [[_cell(v) for v in row] for row in rows.tuples()],
-            't': rows.truncated,
-            'g': sorted(generations.items()),
-            'e': expires,
-        },
-        default=_tag,
-        separators=(',', ':'),
-        allow_nan=True,
-    ).encode('utf-8')
-
-
-def decode(payload):
-    """``(rows, generations, expires)`` from a verified payload."""
-    data = json.loads(payload, object_hook=_untag)
-    return (
-        Rows(data['c'], data['r'], truncated=data['t']),
-        dict(data['g']),
-        data['e'],
-    )
-
-
-class ReplyError(Exception):
-    """memcached's reply to ``get`` was not one this module can read.
-
-    Not an :class:`OSError`: the server answered, so HashClient must not
-    count it as down (``SERVER_ERROR out of memory`` is a miss, not an
-    outage)."""
-
-
-class Closed(ConnectionError):
-    """The connection was closed before any of the reply came."""
-
-
-#: A receive takes at most this much: the kernel hands over less at once.
-_RECEIVE = 256 * 1024
-
-
-class Reader:
-    """One thread's connection to one server, for ``get`` alone.
-
-    The hit path's one round trip: ``get`` of an entry and its tables'
-    generations. pymemcache's own ``get_many`` checks every key and parses
-    for every command, and its pool takes a lock twice: together, half as
-    much again as the round trip. The keys here are this module's own
-    (hashed, short, ASCII), so the reply is all that needs reading.
-    Everything else (``set``, ``add``, ``incr``, ``delete``) goes through
-    pymemcache. Any failure closes the connection; the next call opens a
-    new one.
-    """
-
-    def __init__(self, server, connect_timeout, timeout):
-        self.server = server
-        self.connect_timeout = connect_timeout
-        self.timeout = timeout
-        self.sock = None
-
-    def _connect(self):
-        sock = socket.create_connection(self.server, self.connect_timeout)
-        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_KEEPALIVE, 1)
-        if _KERNEL_TIMEOUTS:
-            # The kernel's timeout: a socket in Python's timeout mode polls
-            # before every send and receive, two system calls more a hit.
-            seconds, fraction = divmod(self.timeout, 1)
-            micro = int(fraction * 1e6)
-            if not seconds:
-                micro = max(micro, 1)  # {0, 0} would mean no timeout at all
-            limit = struct.pack('ll', int(seconds), micro)
-            sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVTIMEO, limit)
-            sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDTIMEO, limit)
-            sock.settimeout(None)
-        else:  # pragma: no cover (not Linux or macOS)
-            sock.settimeout(self.timeout)
-        self.sock = sock
-        return sock
-
-    def close(self):
-        if self.sock is not None:
-            self.sock.close()
-            self.sock = None
-
-    def fetch(self, keys):
-        """``{key: value}`` of those ``keys`` the server holds.
-
-        A connection kept from before that is found closed before any of
-        the reply came (memcached restarted, or something between reset
-        it) is replaced once: a ``get`` can be asked again. A timeout, or a
-        reply cut short, is not asked again."""
-        command = ('get ' + ' '.join(keys) + '\r\n').encode('ascii')
-        kept = self.sock is not None
-        try:
-            return self._ask(command)
-        except (Closed, ConnectionResetError, BrokenPipeError):
-            if not kept:
-                raise
-        return self._ask(command)
-
-    def _ask(self, command):
-        try:
-            sock = self.sock or self._connect()
-            try:
-                sock.sendall(command)
-            except BlockingIOError:  # the kernel's timeout ran out
-                raise TimeoutError(
-                    'memcached took no command in time'
-                ) from None
-            return self._reply(sock)
-        except BaseException:
-            self.close()
-            raise
-
-    @staticmethod
-    def _reply(sock):
-        # Mostly the whole reply comes in one piece: it is parsed where it
-        # lies, and only the values are copied out.
-        data = _receive(sock, first=True)
-        pos = 0
-        found = {}
-        while True:
-            end = data.find(b'\r\n', pos)
-            if end < 0:
-                data = _more(sock, data, len(data) + 1)
-                continue
-            if end == pos + 3 and data.startswith(b'END', pos):
-                if end + 2 != len(data):
-                    raise ReplyError('more after END')
-                return found
-            head = data[pos:end].split()
-            if len(head) != 4 or head[0] != b'VALUE' or not head[3].isdigit():
-                raise ReplyError(data[pos:end][:40].decode('ascii', 'replace'))
-            start = end + 2
-            stop = start + int(head[3])
-            if len(data) < stop + 2:
-                data = _more(sock, data, stop + 2)
-            if data[stop : stop + 2] != b'\r\n':
-                raise ReplyError('a value longer than it said')
-            found[head[1].decode('ascii')] = data[start:stop]
-            pos = stop + 2
-
-
-#: Kernel timeouts where ``SO_RCVTIMEO`` takes a ``struct timeval`` of two
-#: longs; elsewhere Python's timeout mode.
-_KERNEL_TIMEOUTS = sys.platform.startswith(('linux', 'darwin'))
-
-
-def _receive(sock, size=0, first=False):
-    try:
-        chunk = sock.recv(min(max(size, 65536), _RECEIVE))
-    except BlockingIOError:  # the kernel's timeout ran out
-        raise TimeoutError('memcached did not answer in time') from None
-    if not chunk:
-        if first:
-            raise Closed('memcached closed the connection')
-        raise ReplyError('memcached closed the connection mid-reply')
-    return chunk
-
-
-def _more(sock, data, size):
-    """``data`` and what follows it, to ``size`` bytes at least."""
-    pieces = [data]
-    have = len(data)
-    while have < size:
-        pieces.append(_receive(sock, size - have))
-        have += len(pieces[-1])
-    return b''.join(pieces)
+    def client(self):
+        client = getattr(self.local, 'client', None)
+        if client is None:
+            client = self.local.client = RetryingClient(
+                Client(self.address, **self.options), retry_for=_CLOSED
+            )
+        return client
 
 
 class MemcachedCache:
@@ -308,20 +120,15 @@ class MemcachedCache:
         forks.renew_after_fork(self)
 
     def after_fork(self):
-        """A new client, lock and memo: nothing of the parent's is used."""
-        connect_timeout, timeout, dead_retry = self._timeouts
-        self.client = HashClient(
-            list(self.servers),
-            connect_timeout=connect_timeout,
-            timeout=timeout,
-            no_delay=True,
-            use_pooling=True,
-            retry_attempts=1,
-            retry_timeout=dead_retry,
-            dead_timeout=dead_retry,
-            ignore_exc=False,
-            default_noreply=False,
-        )
+        """New clients, lock and memo: nothing of the parent's is used."""
+        connect_timeout, timeout, _ = self._timeouts
+        options = {
+            'connect_timeout': connect_timeout,
+            'timeout': timeout,
+            'no_delay': True,
+            'default_noreply': False,
+        }
+        self.by_address = {a: Server(a, options) for a in self.servers}
         self._lock = threading.Lock()
         self._inflight = {}
         self._memo = OrderedDict()
@@ -330,8 +137,7 @@ class MemcachedCache:
         self._generation_keys = {}
         self._table_keys = {}
         self._routes = {}
-        self._ring = None
-        self._local = threading.local()
+        self._live = None
 
     # Keys
 
@@ -387,16 +193,21 @@ class MemcachedCache:
 
     # memcached, with failures as misses
 
-    def _call(self, default, method, *args, **kw):
+    def _call(self, server, default, method, *args, **kw):
+        """``method(*args, **kw)`` of ``server``'s client, a failure as
+        ``default``: logged once while they last, and an unreachable
+        server set aside for ``dbtune.cache.dead_retry`` seconds."""
         try:
-            result = method(*args, **kw)
+            result = getattr(server.client(), method)(*args, **kw)
         except Exception as exc:
             self.errors += 1
+            if isinstance(exc, _UNREACHABLE):
+                server.down_until = time.monotonic() + self._timeouts[2]
             if not self._failing:
                 self._failing = True
                 log.warning(
-                    'memcached %s failed, serving from the database: %s: %s',
-                    ', '.join(f'{h}:{p}' for h, p in self.servers),
+                    'memcached %r failed, serving from the database: %s: %s',
+                    server,
                     exc.__class__.__name__,
                     exc,
                 )
@@ -408,71 +219,55 @@ class MemcachedCache:
 
     def ping(self):
         """Raise if no memcached server answers."""
-        self.client.get(self._name('ping'))
+        failures = []
+        for server in self.by_address.values():
+            try:
+                server.client().get(self._name('ping'))
+                return
+            except Exception as exc:
+                failures.append(f'{server!r}: {exc!r}')
+        raise ConnectionError('; '.join(failures))
 
     # An entry's generations live on the entry's own server, so that a hit
     # is one round trip however many servers there are, and losing a server
-    # loses only the entries it held. HashClient says which server a key is
-    # on, and keeps track of the dead, only through these two methods of
-    # its own; they have not changed in pymemcache's 3.x and 4.x releases.
+    # loses only the entries it held.
 
     def _server(self, name):
-        """The client of the server that holds key ``name``, or None.
-
-        Remembered while the set of live servers stays the same: the
+        """The server that holds key ``name`` among those not set aside,
+        or None. Remembered while the set of those stays the same: the
         rendezvous hash is pure Python, and costs more than the rest of a
         hit."""
-        client = self.client
-        ring = (len(client.clients), len(client._dead_clients))
-        if ring != self._ring:
-            self._routes.clear()
-            self._ring = ring
+        now = time.monotonic()
+        live = tuple(
+            s for s in self.by_address.values() if s.down_until <= now
+        )
+        if live != self._live:
+            self._routes = {}
+            self._ring = RendezvousHash([repr(s) for s in live])
+            self._live = live
         server = self._routes.get(name)
         if server is None:
-            try:
-                server = client._get_client(name)
-            except Exception:  # all servers down
+            if not live:
                 return None
+            address = self._ring.get_node(name)
+            server = next(s for s in live if repr(s) == address)
             if len(self._routes) > _MEMO_SIZE * 8:
                 self._routes.clear()
             self._routes[name] = server
         return server
 
-    def _reader(self, server):
-        """This thread's :class:`Reader` of ``server``.
-
-        Made anew when HashClient brings a dead server back (as a new
-        client): the old connection went with the old process."""
-        readers = self._local.__dict__.setdefault('readers', {})
-        made_for, reader = readers.get(server.server, (None, None))
-        if made_for is not server:
-            if reader is not None:
-                reader.close()
-            connect_timeout, timeout, _ = self._timeouts
-            reader = Reader(server.server, connect_timeout, timeout)
-            readers[server.server] = (server, reader)
-        return reader
-
     def _on(self, server, default, method, *args, **kw):
         """Run ``method`` (a name) of ``server``'s client, failures as
-        ``default``; ``fetch`` is this thread's :class:`Reader`'s. A
-        server that missed an invalidation has its epoch bumped first."""
+        ``default``. A server that missed an invalidation has its epoch
+        bumped first."""
         if server is None:
             return default
-        run = self.client._safely_run_func
-        if server.server in self._missed:
+        if server.address in self._missed:
             epoch = self._generation_key(_EPOCH)
-            if (
-                self._call(None, run, server, server.incr, None, epoch, 1)
-                is None
-            ):
+            if self._call(server, None, 'incr', epoch, 1) is None:
                 return default
-            self._missed.discard(server.server)
-        if method == 'fetch':
-            function = self._reader(server).fetch
-        else:
-            function = getattr(server, method)
-        return self._call(default, run, server, function, default, *args, **kw)
+            self._missed.discard(server.address)
+        return self._call(server, default, method, *args, **kw)
 
     # Reading
 
@@ -554,7 +349,7 @@ class MemcachedCache:
         tables, keys = self._tables(tables)
         wanted = [name, *keys]
         server = self._server(name)
-        got = self._on(server, None, 'fetch', wanted)
+        got = self._on(server, None, 'get_many', wanted)
         if got is None:  # memcached failed: a miss, and nothing stored
             got, generations = {}, None
         else:
@@ -586,9 +381,8 @@ class MemcachedCache:
             return future.result(), WAITED
         try:
             lock = self._name('l', name.rsplit(':', 1)[1])
-            mine = self._call(
-                True, self.client.add, lock, b'1', expire=_LOCK_TIME
-            )
+            server = self._server(name)
+            mine = self._on(server, True, 'add', lock, b'1', expire=_LOCK_TIME)
             if not mine and stale is not None:
                 # Another process refreshes it: the old rows meanwhile.
                 self.stale += 1
@@ -606,7 +400,7 @@ class MemcachedCache:
             if generations is not None:
                 self._store(name, rows, ttl, generations)
             if mine:
-                self._call(None, self.client.delete, lock)
+                self._on(server, None, 'delete', lock)
         except BaseException as exc:
             future.set_exception(exc)
             raise
@@ -624,7 +418,7 @@ class MemcachedCache:
         for pause in waits:
             time.sleep(pause)
             server = self._server(name)
-            value = self._on(server, {}, 'fetch', [name]).get(name)
+            value = self._on(server, {}, 'get_many', [name]).get(name)
             entry = self._entry(name, value) if value is not None else None
             if entry is not None and entry[1] == generations:
                 return entry[0]
@@ -641,10 +435,8 @@ class MemcachedCache:
         if len(value) > self.item_limit:
             self.too_big += 1
             return
-        # Kept past its time by as long again, to be served while one
-        # process refreshes it; never past memcached's 30 days.
-        expire = min(MAX_EXPIRY, max(1, int(ttl * 2 + 1)))
-        self._call(None, self.client.set, name, value, expire=expire)
+        server = self._server(name)
+        self._on(server, None, 'set', name, value, expire=kept_for(ttl))
 
     # Invalidating
 
@@ -657,9 +449,10 @@ class MemcachedCache:
             # here (other processes keep theirs until their time runs out).
             with self._lock:
                 self._memo.clear()
-        live = {c.server: c for c in list(self.client.clients.values())}
-        for address in self.servers:
-            server = live.get(address)
+        now = time.monotonic()
+        for address, server in self.by_address.items():
+            if server.down_until > now:
+                server = None  # set aside: as if it failed
             for table in names:
                 key = self._generation_key(table)
                 bumped = self._on(server, _FAILED, 'incr', key, 1)

@@ -1,0 +1,94 @@
+"""What a shared cache entry holds, as bytes: rows, their tables'
+generations and their expiry, as compact JSON with tagged values.
+
+Never a pickle: a value that does not decode is rejected, and cannot run
+code. Signing is the backend's (:mod:`.memcached`), before this reads.
+"""
+
+import base64
+import datetime
+import decimal
+import json
+import uuid
+
+from ..sql.rows import Rows
+
+
+class Unencodable(TypeError):
+    """A value the row codec has no tag for: its rows are not shared."""
+
+
+def _tag(value):
+    if isinstance(value, bytes):
+        return {'$b': base64.b64encode(value).decode('ascii')}
+    if isinstance(value, decimal.Decimal):
+        return {'$d': str(value)}
+    if isinstance(value, datetime.datetime):
+        return {'$T': value.isoformat()}
+    if isinstance(value, datetime.date):
+        return {'$D': value.isoformat()}
+    if isinstance(value, datetime.time):
+        return {'$t': value.isoformat()}
+    if isinstance(value, datetime.timedelta):
+        return {'$i': [value.days, value.seconds, value.microseconds]}
+    if isinstance(value, uuid.UUID):
+        return {'$u': str(value)}
+    raise Unencodable(type(value).__name__)
+
+
+def _cell(value):
+    # JSON and arrays (dicts and lists) travel as JSON text of their own,
+    # so that their contents are never taken for tags.
+    if isinstance(value, dict | list | tuple):
+        try:
+            return {'$j': json.dumps(value, separators=(',', ':'))}
+        except TypeError:
+            raise Unencodable(type(value).__name__) from None
+    return value
+
+
+_UNTAG = {
+    '$b': base64.b64decode,
+    '$d': decimal.Decimal,
+    '$T': datetime.datetime.fromisoformat,
+    '$D': datetime.date.fromisoformat,
+    '$t': datetime.time.fromisoformat,
+    '$i': lambda v: datetime.timedelta(*v),
+    '$u': uuid.UUID,
+    '$j': json.loads,
+}
+
+
+def _untag(obj):
+    # The only one-key objects the codec writes are tags; the payload
+    # itself has more keys, and JSON cells travel as text.
+    if len(obj) == 1:
+        ((tag, value),) = obj.items()
+        return _UNTAG[tag](value)
+    return obj
+
+
+def encode(rows, generations, expires):
+    """The payload of an entry: JSON, compact, no pickle."""
+    return json.dumps(
+        {
+            'c': rows.columns,
+            'r': [[_cell(v) for v in row] for row in rows.tuples()],
+            't': rows.truncated,
+            'g': sorted(generations.items()),
+            'e': expires,
+        },
+        default=_tag,
+        separators=(',', ':'),
+        allow_nan=True,
+    ).encode('utf-8')
+
+
+def decode(payload):
+    """``(rows, generations, expires)`` from a verified payload."""
+    data = json.loads(payload, object_hook=_untag)
+    return (
+        Rows(data['c'], data['r'], truncated=data['t']),
+        dict(data['g']),
+        data['e'],
+    )
