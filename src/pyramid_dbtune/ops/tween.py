@@ -4,22 +4,19 @@ figures of :mod:`.stats` and :mod:`.profiler`.
 Registered only when ``dbtune.server_timing``, ``dbtune.stats`` or
 ``dbtune.profile`` is on, outermost (under ``INGRESS``), so that the time it
 measures takes in pyramid_tm's commit. Every line of it runs on every
-request: it is kept under 2 microseconds with all of them on
-(``benchmarks/bench_overhead.py``). Hence a request is counted into its
-thread's :class:`.stats.Route` here, written out rather than through a
-call; ``%`` formatting; the header's counts kept as text; and the header
-appended to the list rather than set through ``response.headers``.
+request: it is kept under 3 microseconds with all of them on
+(``benchmarks/bench_overhead.py``). Hence ``%`` formatting, the header's
+counts kept as text, and the header appended to the list rather than set
+through ``response.headers``; what a request counts for is
+:meth:`.stats.Stats.count`'s to say.
 """
 
 import itertools
-from bisect import bisect_left
 from threading import get_ident
 from time import perf_counter, thread_time
 
-from pyramid_retry import is_error_retryable
-
 from ..cache import HIT, MISS, STALE, WAITED
-from .stats import BUCKETS, CPU_EVERY, NO_ROUTE
+from .stats import CPU_EVERY
 
 # % formats floats faster than f-strings do.
 _TOTAL = 'total;dur=%.3f'
@@ -113,11 +110,8 @@ def timing_tween_factory(handler, registry):
         if profiler is not None and not profiler.running:
             profiler.start()
         cpu = None
-        if stats is not None:
-            if len(active) > stats.peak_in_flight:
-                stats.note_peak()
-            if not next(turn) % CPU_EVERY:
-                cpu = thread_time()
+        if stats is not None and not next(turn) % CPU_EVERY:
+            cpu = thread_time()
         start = perf_counter()
         response = raised = None
         try:
@@ -127,48 +121,19 @@ def timing_tween_factory(handler, registry):
             raise
         finally:
             end = perf_counter()
+            seconds = end - start
+            if stats is not None:
+                stats.count(request, response, raised, seconds, end, cpu)
             if outer is None:
                 del active[ident]
             else:
                 active[ident] = outer
-            seconds = end - start
-            state = request.__dict__
-            context = state.get('dbtune')
-            if stats is not None:
-                if raised is None:
-                    # An exception view's answer.
-                    raised = state.get('exception')
-                # An attempt that pyramid_retry runs again is not counted;
-                # the attempt that answers is.
-                if raised is None or not is_error_retryable(request, raised):
-                    # Counted into this thread's figures, written out (see
-                    # the module's text): only this thread writes them.
-                    mine = stats.threads.get(ident)
-                    if mine is None:
-                        mine = stats.new_thread(ident)
-                    matched = state.get('matched_route')
-                    name = NO_ROUTE if matched is None else matched.name
-                    try:
-                        route = mine.routes[name]
-                    except KeyError:
-                        route = stats.new_route(mine, name)
-                    if route is not None:  # None: the operator's views
-                        route.seconds += seconds
-                        route.buckets[bisect_left(BUCKETS, seconds)] += 1
-                        route.recent.append(seconds)
-                        stats.window.append(seconds)
-                        if response is None or response.status[0] == '5':
-                            route.errors += 1
-                        if context is not None:
-                            route.queries += context.queries
-                            route.db_seconds += context.db_seconds
-                        if cpu is not None:
-                            stats.measured(mine, seconds, cpu, context)
-                    if end >= stats.next_tick:
-                        stats.tick(end)
         if header:
             response.headerlist.append(
-                ('Server-Timing', _server_timing(context, seconds))
+                (
+                    'Server-Timing',
+                    _server_timing(request.__dict__.get('dbtune'), seconds),
+                )
             )
         return response
 

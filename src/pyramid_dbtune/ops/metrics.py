@@ -1,0 +1,124 @@
+"""The metrics of :mod:`.stats`, as prometheus_client's own types: one
+histogram of latencies and a few counters per route, the process's and the
+cache's and router's counters, in a registry of the application's.
+"""
+
+from collections import deque
+
+BUCKETS = (
+    0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05,
+    0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0,
+)  # fmt: skip
+"""Upper bounds of the latency histogram, in seconds (Prometheus ``le``;
+prometheus_client adds ``+Inf``)."""
+#: One request in this many has its thread's CPU time measured (reading a
+#: thread's CPU clock is a system call: under a microsecond, twice).
+CPU_EVERY = 64
+#: Latencies kept per route for its percentiles, and for a point of the
+#: chart (the last of its interval).
+RECENT = 1000
+#: The router's counters: metric name, help, and its attribute.
+DATABASE = (
+    ('dbtune_db_writes', 'Writing SQL method calls', 'writes'),
+    ('dbtune_db_write_transactions', 'Transactions that took a write slot',
+     'write_transactions'),
+    ('dbtune_db_failovers', 'Reads sent to the writer, their reader down',
+     'failovers'),
+    ('dbtune_write_slot_waits', 'Writes that waited for a slot',
+     'write_waits'),
+    ('dbtune_write_slot_wait_seconds', 'Time writes waited for a slot',
+     'write_wait_seconds'),
+)  # fmt: skip
+
+
+class Route:
+    """One route's children of the metrics, its last latencies, and the
+    ``(queries, database seconds)`` of its requests not yet counted."""
+
+    __slots__ = (
+        'duration', 'errors', 'queries', 'db_seconds', 'recent', 'pending',
+    )  # fmt: skip
+
+    def __init__(self, metrics, name):
+        self.duration = metrics['duration'].labels(route=name)
+        self.errors = metrics['errors'].labels(route=name)
+        self.queries = metrics['queries'].labels(route=name)
+        self.db_seconds = metrics['db_seconds'].labels(route=name)
+        self.recent = deque(maxlen=RECENT)
+        self.pending = deque()
+
+
+def make_metrics(registry):
+    """The metrics of one process, registered in ``registry``."""
+    from prometheus_client import Counter, Gauge, Histogram
+
+    def counter(name, text, *labels):
+        return Counter(name, text, labels, registry=registry)
+
+    def gauge(name, text, *labels, mode='livesum'):
+        return Gauge(
+            name, text, labels, registry=registry, multiprocess_mode=mode
+        )
+
+    metrics = {
+        'duration': Histogram(
+            'dbtune_request_duration_seconds',
+            'Time in the app, by route',
+            ['route'],
+            registry=registry,
+            buckets=BUCKETS,
+        ),
+        'errors': counter(
+            'dbtune_request_errors',
+            'Requests answered 5xx or failed, by route',
+            'route',
+        ),  # fmt: skip
+        'queries': counter(
+            'dbtune_route_queries', 'Statements run, by route', 'route'
+        ),
+        'db_seconds': counter(
+            'dbtune_route_db_seconds', 'Database time, by route', 'route'
+        ),
+        'measured': counter(
+            'dbtune_measured_request_seconds',
+            f'Wall, CPU and runnable-not-running (estimate) time of 1 '
+            f'request in {CPU_EVERY}',
+            'kind',
+        ),
+        'measured_requests': counter(
+            'dbtune_measured_requests', f'Requests measured, 1 in {CPU_EVERY}'
+        ),
+        'in_flight': gauge('dbtune_requests_in_flight', 'Requests running'),
+        'peak': gauge(
+            'dbtune_requests_in_flight_peak',
+            'The most requests at once',
+            mode='max',
+        ),  # fmt: skip
+        'cpu': counter(
+            'dbtune_process_cpu_seconds', 'CPU time of the process'
+        ),
+        'cache': counter(
+            'dbtune_cache_events', 'Cache outcomes and events', 'event'
+        ),
+        'reads': counter('dbtune_db_reads', 'Reads, by role', 'role'),
+        'pool': gauge(
+            'dbtune_pool_connections',
+            'Pooled connections, by role and state',
+            'role',
+            'state',
+        ),  # fmt: skip
+    }
+    for name, text, _ in DATABASE:
+        metrics[name] = counter(name, text)
+    return metrics
+
+
+def samples(*metrics):
+    """``{(sample name, labels): value}`` of ``metrics``, this process's
+    (in multiprocess mode too: a metric reads its own process's values)."""
+    return {
+        (sample.name, tuple(sorted(sample.labels.items()))): sample.value
+        for metric in metrics
+        for family in metric.collect()
+        for sample in family.samples
+    }
