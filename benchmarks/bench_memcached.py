@@ -83,7 +83,7 @@ def measure(url, port, calls, rounds):
     assert search(**PARAMS) == rows and len(rows) == 50
     runtime = config.registry.dbtune
     key = (
-        runtime.methods['search'][2],
+        runtime.methods['search'].key,
         tuple(PARAMS.values()),
         tuple(type(v) for v in PARAMS.values()),
     )

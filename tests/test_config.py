@@ -45,7 +45,12 @@ def test_include_sets_up_directives_request_methods_and_pyramid_tm(
     config.add_sql_method('one', 'SELECT 1 AS x', cache_time=5)
     runtime = commit(config, runtimes)
     assert isinstance(runtime, DBTune)
-    method, cache_time, key, _ = runtime.methods['one']
+    registered = runtime.methods['one']
+    method, cache_time, key = (
+        registered.method,
+        registered.cache_time,
+        registered.key,
+    )
     assert cache_time == 5 and sqlite_url in key
     tweens = config.registry.queryUtility(ITweens)
     assert 'pyramid_tm.tm_tween_factory' in tweens.implicit()[0]
@@ -110,7 +115,8 @@ def test_a_ready_method_may_be_registered(sqlite_url, runtimes):
     config = configure(sqlite_url)
     method = SQLMethod('ready', 'SELECT 1', cache_time=3)
     assert config.add_sql_method(method) is method
-    assert commit(config, runtimes).methods['ready'][:2] == (method, 3)
+    ready = commit(config, runtimes).methods['ready']
+    assert (ready.method, ready.cache_time) == (method, 3)
 
 
 def test_bad_method_fails_at_the_call_site():
@@ -127,7 +133,7 @@ def test_sql_directory(tmp_path, sqlite_url, runtimes):
     methods = config.add_sql_methods(str(tmp_path))
     assert [m.name for m in methods] == ['a', 'bee']
     runtime = commit(config, runtimes)
-    assert runtime.methods['a'][1] == 7 and 'bee' in runtime.methods
+    assert runtime.methods['a'].cache_time == 7 and 'bee' in runtime.methods
 
 
 def test_sql_directory_from_an_asset_spec(sqlite_url, runtimes):

@@ -133,7 +133,7 @@ def test_a_forged_entry_is_rejected_and_never_decoded(
     call(app, ('search', {'area': 'Headingley'}))
     # Replies awaited: each forgery is in place before the next read.
     client = Client(('127.0.0.1', memcached.port), default_noreply=False)
-    prefix = app.app.registry.dbtune.methods['search'][2]
+    prefix = app.app.registry.dbtune.methods['search'].key
     name = cache.entry_key((prefix, ('Headingley',), (str,)))
     genuine = client.get(name)
     decoded = []
@@ -432,7 +432,7 @@ def test_a_signed_value_that_is_not_ours_to_read_is_rejected(
     app = apps(sqlite_url, [SEARCH], shared_settings(memcached))
     cache = app.app.registry.dbtune.cache
     call(app, ('search', {'area': 'Headingley'}))
-    prefix = app.app.registry.dbtune.methods['search'][2]
+    prefix = app.app.registry.dbtune.methods['search'].key
     name = cache.entry_key((prefix, ('Headingley',), (str,)))
     client = Client(('127.0.0.1', memcached.port), default_noreply=False)
     client.set(name, cache._sign(name, b'{"not": "rows"'))

@@ -678,7 +678,7 @@ def test_after_fork_drops_connections_and_makes_new_locks(sqlite_url, apps):
 
 
 def test_pin_window_ends(sqlite_url, apps, monkeypatch):
-    import pyramid_dbtune.routing.router as routing
+    import pyramid_dbtune.routing.engines as routing
 
     now = [100.0]
     monkeypatch.setattr(routing, 'monotonic', lambda: now[0])

@@ -25,9 +25,9 @@ def test_an_app_in_zcml_serves_a_cached_sql_method(db_url):
         log = query_log(app)
         methods = app.app.registry.dbtune.methods
         assert {'search_area', 'search_briefly', 'areas'} <= set(methods)
-        assert methods['search_briefly'][0].max_rows == 1
-        assert methods['search_briefly'][1] == 1.5
-        assert methods['areas'][1] == 30
+        assert methods['search_briefly'].method.max_rows == 1
+        assert methods['search_briefly'].cache_time == 1.5
+        assert methods['areas'].cache_time == 30
         calls = [('search_area', {'area': 'Headingley'})] * 2
         first = call(app, *calls, ('areas', {}))
         second = call(app, *calls, ('search_briefly', {'area': 'Headingley'}))
@@ -107,9 +107,12 @@ def test_a_file_and_a_directory_from_zcml(tmp_path):
     app = zcml_app('sqlite://', path, tables=False)
     methods = app.app.registry.dbtune.methods
     assert set(methods) == {'one', 'uno'}
-    assert methods['uno'][0].tables == {'t'} and methods['uno'][1] == 2
+    assert (
+        methods['uno'].method.tables == {'t'}
+        and methods['uno'].cache_time == 2
+    )
     # cache_time="2" is the int 2, as in a file's header, not ZCML's 2.0.
-    assert type(methods['uno'][0].cache_time) is int
+    assert type(methods['uno'].method.cache_time) is int
     app.app.registry.dbtune.router.dispose()
 
 
@@ -142,9 +145,13 @@ def test_invalidate_and_a_zsql_header_that_says_it(tmp_path):
     app = zcml_app('sqlite://', path, tables=False)
     methods = app.app.registry.dbtune.methods
     assert set(methods) == {'one', 'Rents', 'fresh', 'fast'}
-    assert methods['Rents'][0].invalidate is False
-    assert methods['Rents'][3] == frozenset() == methods['fast'][3]
-    assert methods['fresh'][3] == {'property'}
+    assert methods['Rents'].method.invalidate is False
+    assert (
+        methods['Rents'].invalidated_by
+        == frozenset()
+        == methods['fast'].invalidated_by
+    )
+    assert methods['fresh'].invalidated_by == {'property'}
     app.app.registry.dbtune.router.dispose()
 
 

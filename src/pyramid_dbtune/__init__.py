@@ -11,10 +11,10 @@ from pyramid.path import AssetResolver
 
 from . import fastpath
 from . import settings as _settings
-from .cache import MAX_EXPIRY, make_cache
 from .ops import access, probes
+from .registry import DBTune
 from .routing.errors import WriteInReadError, WriteSlotTimeout
-from .routing.router import RequestContext, Router, SQLNamespace
+from .routing.request import RequestContext, SQLNamespace
 from .routing.session import RoutingSession, dbsession
 from .sql import zsql
 from .sql.method import SQLFileError, SQLMethod
@@ -35,68 +35,6 @@ __all__ = [
 ]
 
 
-class DBTune:
-    """``registry.dbtune``: the application's settings, engines and cache.
-
-    ``settings`` is the parsed :class:`~pyramid_dbtune.settings.Settings`;
-    ``router`` holds the writer and reader engines and the write slots
-    (``None`` until a URL is set); ``cache`` holds the results; ``methods``
-    maps each SQL method's name to ``(method, cache_time, cache_key,
-    invalidated_by)`` once registered, settings applied. With
-    ``dbtune.stats`` or ``dbtune.profile`` on, ``stats``
-    (:class:`~pyramid_dbtune.ops.stats.Stats`) and ``profiler``
-    (:class:`~pyramid_dbtune.ops.profiler.Profiler`) hold their figures, and
-    ``active`` maps each thread running a request to its request; else
-    they are ``None``.
-    """
-
-    def __init__(self, settings):
-        self.settings = settings
-        self.router = Router(settings) if settings.url else None
-        self.cache = make_cache(settings)
-        self.methods = {}
-        self.stats = self.profiler = self.active = None
-        #: the paths of the ``/_dbtune/`` views, under ``/_dbtune/``
-        self.views = []
-
-    def cache_time(self, method):
-        """The seconds ``method``'s rows are kept, settings applied."""
-        if method.name in self.settings.cache_times:
-            return self.settings.cache_times[method.name]
-        if method.cache_time is None:
-            return self.settings.cache_default_time
-        return method.cache_time
-
-    def register(self, method):
-        if self.router is None:
-            raise ConfigurationError(
-                f'SQL method {method.name!r} needs a database: set '
-                'dbtune.url (or sqlalchemy.url)'
-            )
-        cache_time = self.cache_time(method)
-        if (
-            self.settings.cache_backend == 'memcached'
-            and cache_time > MAX_EXPIRY
-        ):
-            raise ConfigurationError(
-                f'SQL method {method.name!r}: a cache time of {cache_time} s '
-                f'is more than memcached keeps (30 days, {MAX_EXPIRY} s)'
-            )
-        key = '\0'.join(
-            [method.name, str(method.max_rows), self.router.key, method.sql]
-        )
-        invalidated_by = method.invalidated_by
-        invalidate = self.settings.invalidates.get(method.name)
-        if invalidate is not None:
-            if method.writes:
-                raise ConfigurationError(
-                    f'dbtune.invalidate.{method.name} names a write: a '
-                    'write always invalidates the tables it changes'
-                )
-            invalidated_by = method.tables if invalidate else frozenset()
-        self.methods[method.name] = (method, cache_time, key, invalidated_by)
-
-
 def add_sql_method(config, name, sql=None, **kw):
     """Register a SQL method: ``config.add_sql_method(name, sql, **kw)``.
 
@@ -108,7 +46,7 @@ def add_sql_method(config, name, sql=None, **kw):
         method = name
     else:
         method = SQLMethod(name, sql, **kw)
-    runtime = config.registry.dbtune
+    dbtune = config.registry.dbtune
     intr = config.introspectable(
         'dbtune sql methods', method.name, method.name, 'dbtune sql method'
     )
@@ -116,7 +54,7 @@ def add_sql_method(config, name, sql=None, **kw):
     intr['sql'] = method.sql
     config.action(
         ('dbtune-sql-method', method.name),
-        runtime.register,
+        dbtune.register,
         args=(method,),
         introspectables=(intr,),
     )
@@ -157,15 +95,15 @@ def add_sql_methods(config, spec):
     return [add_sql_method(config, m) for _, m in loaded.values()]
 
 
-def _check_overrides(runtime):
-    settings = runtime.settings
+def _check_overrides(dbtune):
+    settings = dbtune.settings
     for prefix, overrides in (
         ('cache_time', settings.cache_times),
         ('invalidate', settings.invalidates),
     ):
-        unknown = sorted(set(overrides) - set(runtime.methods))
+        unknown = sorted(set(overrides) - set(dbtune.methods))
         if unknown:
-            known = ', '.join(sorted(runtime.methods)) or 'none'
+            known = ', '.join(sorted(dbtune.methods)) or 'none'
             raise ConfigurationError(
                 f'dbtune.{prefix}.{unknown[0]} names no SQL method '
                 f'(registered: {known})'
@@ -192,7 +130,7 @@ def includeme(config):
         return  # Pyramid would include it again, and conflict
     parsed = _settings.parse(config.get_settings())
     config.include('pyramid_tm')
-    runtime = config.registry.dbtune = DBTune(parsed)
+    dbtune = config.registry.dbtune = DBTune(parsed)
     config.add_directive('add_sql_method', add_sql_method)
     config.add_directive('add_sql_methods', add_sql_methods)
     config.add_request_method(RequestContext, 'dbtune', reify=True)
@@ -203,14 +141,14 @@ def includeme(config):
     if parsed.server_timing or parsed.stats or parsed.profile:
         from .ops import dashboard
 
-        dashboard.install(config, runtime)
+        dashboard.install(config, dbtune)
     if parsed.probes:
         probes.install(config)
-    if runtime.views:
+    if dbtune.views:
         access.add_route(config)
     # After every other action: overrides may only name registered methods,
     # and a permission needs the security policy the app sets up.
-    config.action(None, _check_overrides, args=(runtime,), order=10)
+    config.action(None, _check_overrides, args=(dbtune,), order=10)
     if parsed.stats_permission is not None:
         config.action(
             None, access.check_policy, args=(config.registry,), order=10

@@ -134,10 +134,10 @@ def post_worker_init(worker):
             '--threads 1',
             worker.cfg.threads,
         )
-    runtime = _dbtune_of(worker.wsgi)
+    dbtune = _dbtune_of(worker.wsgi)
     count = threads_of(worker.cfg)
-    if runtime is not None and runtime.router is not None:
-        pool = runtime.settings.read_pool_size
+    if dbtune is not None and dbtune.router is not None:
+        pool = dbtune.settings.read_pool_size
         if pool < count:
             worker.log.warning(
                 'pyramid_dbtune: dbtune.read_pool_size = %d is below the '
@@ -161,9 +161,9 @@ def when_ready(server):
     """
     if not server.cfg.preload_app:
         return
-    runtime = _dbtune_of(server.app.wsgi())
-    if runtime is not None and runtime.router is not None:
-        runtime.router.dispose()
+    dbtune = _dbtune_of(server.app.wsgi())
+    if dbtune is not None and dbtune.router is not None:
+        dbtune.router.dispose()
 
 
 def child_exit(server, worker):

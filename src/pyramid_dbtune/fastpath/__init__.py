@@ -358,24 +358,24 @@ ABANDON_AFTER = 10
 MAX_STRANDED = 3
 
 
-def _health_of(runtime):
+def _health_of(dbtune):
     with _healths_lock:
-        health = _healths.get(runtime)
+        health = _healths.get(dbtune)
         if health is None:
-            health = _healths[runtime] = _Health()
+            health = _healths[dbtune] = _Health()
         return health
 
 
-def _ping(runtime, health, future):
+def _ping(dbtune, health, future):
     result = ('503 Service Unavailable', 'database check was interrupted')
     what = 'database'
     try:
-        if runtime.router is not None:
-            with runtime.router.writer.connect() as connection:
+        if dbtune.router is not None:
+            with dbtune.router.writer.connect() as connection:
                 connection.execute(select(literal_column('1')))
         # A shared cache is pinged too; the in-process one cannot be down.
         what = 'cache'
-        ping = getattr(runtime.cache, 'ping', None)
+        ping = getattr(dbtune.cache, 'ping', None)
         if ping is not None:
             ping()
         result = ('200 OK', 'OK')
@@ -396,12 +396,12 @@ def _ping(runtime, health, future):
         future.set_result(result)
 
 
-def _start_ping(runtime, health, now):
+def _start_ping(dbtune, health, now):
     """Start a ping; the caller holds ``health.lock``."""
     future = Future()
     threading.Thread(
         target=_ping,
-        args=(runtime, health, future),
+        args=(dbtune, health, future),
         daemon=True,
         name='pyramid_dbtune deep check',
     ).start()
@@ -422,23 +422,23 @@ def deep_check(environ, timeout=1.0, reuse=1.0):
     to it with ``/healthz=python:pyramid_dbtune.fastpath:deep_check``.
     """
     registry = environ.get(REGISTRY_KEY)
-    runtime = getattr(registry, 'dbtune', None)
-    if runtime is None:
+    dbtune = getattr(registry, 'dbtune', None)
+    if dbtune is None:
         return _text('500 Internal Server Error', 'no pyramid_dbtune app')
-    health = _health_of(runtime)
+    health = _health_of(dbtune)
     now = monotonic()
     with health.lock:
         if health.answer is not None and now < health.expires:
             return health.answer
         future = health.running
         if future is None:
-            future = _start_ping(runtime, health, now)
+            future = _start_ping(dbtune, health, now)
         elif (
             now - health.started > ABANDON_AFTER * timeout
             and health.stranded < MAX_STRANDED
         ):
             health.stranded += 1
-            future = _start_ping(runtime, health, now)
+            future = _start_ping(dbtune, health, now)
     try:
         status, reason = future.result(timeout)
     except FutureTimeout:

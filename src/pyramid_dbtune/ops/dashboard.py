@@ -26,14 +26,14 @@ PAGE = files(__package__).joinpath('templates/dashboard.html')
 DATA_MARK = '/*DBTUNE_DATA*/null'
 
 
-def install(config, runtime):
+def install(config, dbtune):
     """Set up the timing tween and the views of the features that are on
     (``dbtune.server_timing``, ``dbtune.stats``, ``dbtune.profile``)."""
-    settings = runtime.settings
+    settings = dbtune.settings
     for feature in ('stats', 'profile'):
         if getattr(settings, feature):
             access.check(settings, feature)
-    runtime.active = {}
+    dbtune.active = {}
     if settings.stats:
         try:
             import prometheus_client  # noqa: F401
@@ -42,15 +42,15 @@ def install(config, runtime):
                 'dbtune.stats = true needs prometheus_client: install '
                 'pyramid_dbtune[stats]'
             ) from None
-        runtime.stats = Stats(
-            runtime,
-            runtime.active,
+        dbtune.stats = Stats(
+            dbtune,
+            dbtune.active,
             os.environ.get('PROMETHEUS_MULTIPROC_DIR') or None,
         )
-        add_stats_views(config, runtime.stats)
+        add_stats_views(config, dbtune.stats)
     if settings.profile:
-        runtime.profiler = Profiler(runtime.active, settings.profile_sample)
-        add_profile_views(config, runtime.profiler)
+        dbtune.profiler = Profiler(dbtune.active, settings.profile_sample)
+        add_profile_views(config, dbtune.profiler)
     if settings.stats or settings.profile:
         access.add_view(config, '', dashboard_view)
     config.add_tween(
@@ -61,11 +61,11 @@ def install(config, runtime):
 def dashboard_view(request):
     """The dashboard: the stats, a chart of latency and cache hit ratio,
     and the profile's top functions."""
-    runtime = request.registry.dbtune
+    dbtune = request.registry.dbtune
     data = {
-        'stats': None if runtime.stats is None else runtime.stats.snapshot(),
+        'stats': None if dbtune.stats is None else dbtune.stats.snapshot(),
         'profile': (
-            None if runtime.profiler is None else profile_data(request)
+            None if dbtune.profiler is None else profile_data(request)
         ),
         # What the page's POST (reset) sends when the permission let the
         # user in (and the app has sessions, hence CSRF tokens).

@@ -233,11 +233,11 @@ def probe_method(dialect):
 
 def install(config):
     """Add the probe views (``dbtune.probes = true``)."""
-    runtime = config.registry.dbtune
-    access.check(runtime.settings, 'probes')
+    dbtune = config.registry.dbtune
+    access.check(dbtune.settings, 'probes')
     probes = {'io': _io, 'cpu': _cpu}
-    if runtime.router is not None:
-        config.add_sql_method(probe_method(runtime.router.dialect))
+    if dbtune.router is not None:
+        config.add_sql_method(probe_method(dbtune.router.dialect))
         probes['sql'] = _sql
     for name, work in probes.items():
         access.add_view(

@@ -105,8 +105,8 @@ class Stats:
     (the profiler reads it too).
     """
 
-    def __init__(self, runtime, active, multiprocess_dir=None):
-        self.runtime = runtime
+    def __init__(self, dbtune, active, multiprocess_dir=None):
+        self.dbtune = dbtune
         self.active = active
         self.multiprocess_dir = multiprocess_dir
         self._lock = threading.Lock()
@@ -292,7 +292,7 @@ class Stats:
                     metrics['pool'].labels(role=role, state=state).set(
                         figures[state]
                     )
-        router = self.runtime.router
+        router = self.dbtune.router
         for name, _, attribute in DATABASE if router is not None else ():
             self._carry(metrics[name], getattr(router, attribute))
 
@@ -304,7 +304,7 @@ class Stats:
             self._carried[counter] = value
 
     def _cache(self):
-        cache = self.runtime.cache
+        cache = self.dbtune.cache
         return {
             name: getattr(cache, name)
             for name in CACHE_COUNTERS
@@ -312,7 +312,7 @@ class Stats:
         } or {'hits': 0, 'misses': 0}
 
     def _database(self):
-        router = self.runtime.router
+        router = self.dbtune.router
         if router is None:
             return {}
         roles = {
@@ -424,10 +424,10 @@ class Stats:
             },
             'routes': routes,
             'cache': {
-                'backend': self.runtime.settings.cache_backend,
+                'backend': self.dbtune.settings.cache_backend,
                 'hit_ratio': _ratio(cache['hits'], looked),
                 **cache,
-                **_cache_size(self.runtime.cache),
+                **_cache_size(self.dbtune.cache),
             },
             'database': self._database(),
             'history': list(self.history),

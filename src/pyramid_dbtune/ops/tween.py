@@ -80,10 +80,10 @@ def _server_timing(context, seconds):
 
 def timing_tween_factory(handler, registry):
     """Time every request; see the module's text for what it feeds."""
-    runtime = registry.dbtune
-    header = runtime.settings.server_timing
-    stats = runtime.stats
-    profiler = runtime.profiler
+    dbtune = registry.dbtune
+    header = dbtune.settings.server_timing
+    stats = dbtune.stats
+    profiler = dbtune.profiler
     if stats is None and profiler is None:
 
         def timing_tween(request):
@@ -100,7 +100,7 @@ def timing_tween_factory(handler, registry):
 
         return timing_tween
 
-    active = runtime.active
+    active = dbtune.active
     turn = itertools.count()
 
     def timing_tween(request):

@@ -1,0 +1,88 @@
+"""What ``registry.dbtune`` holds: the parsed settings, the engines, the
+cache, and the SQL methods as registered."""
+
+from dataclasses import dataclass
+
+from pyramid.exceptions import ConfigurationError
+
+from .cache import MAX_EXPIRY, make_cache
+from .routing.engines import Router
+from .sql.method import SQLMethod
+
+
+@dataclass(frozen=True)
+class Registered:
+    """A SQL method as ``request.sql`` calls it, settings applied."""
+
+    #: the :class:`~pyramid_dbtune.SQLMethod` (or ZSQL method)
+    method: SQLMethod
+    #: seconds its rows are kept (0: not cached)
+    cache_time: float
+    #: what its cache keys start with: name, ``max_rows``, database, text
+    key: str
+    #: the tables whose committed writes drop its rows
+    invalidated_by: frozenset
+
+
+class DBTune:
+    """``registry.dbtune``: the application's settings, engines and cache.
+
+    ``settings`` is the parsed :class:`~pyramid_dbtune.settings.Settings`;
+    ``router`` holds the writer and reader engines and the write slots
+    (``None`` until a URL is set); ``cache`` holds the results; ``methods``
+    maps each SQL method's name to its :class:`Registered` form, settings
+    applied. With
+    ``dbtune.stats`` or ``dbtune.profile`` on, ``stats``
+    (:class:`~pyramid_dbtune.ops.stats.Stats`) and ``profiler``
+    (:class:`~pyramid_dbtune.ops.profiler.Profiler`) hold their figures, and
+    ``active`` maps each thread running a request to its request; else
+    they are ``None``.
+    """
+
+    def __init__(self, settings):
+        self.settings = settings
+        self.router = Router(settings) if settings.url else None
+        self.cache = make_cache(settings)
+        self.methods = {}
+        self.stats = self.profiler = self.active = None
+        #: the paths of the ``/_dbtune/`` views, under ``/_dbtune/``
+        self.views = []
+
+    def cache_time(self, method):
+        """The seconds ``method``'s rows are kept, settings applied."""
+        if method.name in self.settings.cache_times:
+            return self.settings.cache_times[method.name]
+        if method.cache_time is None:
+            return self.settings.cache_default_time
+        return method.cache_time
+
+    def register(self, method):
+        if self.router is None:
+            raise ConfigurationError(
+                f'SQL method {method.name!r} needs a database: set '
+                'dbtune.url (or sqlalchemy.url)'
+            )
+        cache_time = self.cache_time(method)
+        if (
+            self.settings.cache_backend == 'memcached'
+            and cache_time > MAX_EXPIRY
+        ):
+            raise ConfigurationError(
+                f'SQL method {method.name!r}: a cache time of {cache_time} s '
+                f'is more than memcached keeps (30 days, {MAX_EXPIRY} s)'
+            )
+        key = '\0'.join(
+            [method.name, str(method.max_rows), self.router.key, method.sql]
+        )
+        invalidated_by = method.invalidated_by
+        invalidate = self.settings.invalidates.get(method.name)
+        if invalidate is not None:
+            if method.writes:
+                raise ConfigurationError(
+                    f'dbtune.invalidate.{method.name} names a write: a '
+                    'write always invalidates the tables it changes'
+                )
+            invalidated_by = method.tables if invalidate else frozenset()
+        self.methods[method.name] = Registered(
+            method, cache_time, key, invalidated_by
+        )

@@ -1,0 +1,339 @@
+"""The engines: the writer, the readers with their failover, and the
+write slots that let writes through one at a time (or a few).
+
+Every transaction on a reader is read-only, and so is every read the
+writer serves for a reader that is down.
+"""
+
+import functools
+import itertools
+import logging
+import threading
+from time import monotonic, perf_counter
+
+from pyramid_retry import mark_error_retryable
+from sqlalchemy import create_engine, event
+from sqlalchemy.engine import make_url
+from sqlalchemy.exc import DBAPIError
+
+from ..deploy import forks
+from ..sql.rows import Rows
+from .errors import (
+    WriteSlotTimeout,
+    mark_retryable,
+)
+
+log = logging.getLogger(__name__)
+
+#: How a read on the writer is made read-only, and the connection made
+#: writable again after, by dialect. PostgreSQL's driver does it by an
+#: execution option. SET TRANSACTION applies to the transaction the read is
+#: about to begin.
+_SET_TRANSACTION = ('mysql', 'mariadb', 'oracle')
+_READ_ONLY = {
+    'sqlite': ('PRAGMA query_only = ON', 'PRAGMA query_only = OFF'),
+    **dict.fromkeys(_SET_TRANSACTION, ('SET TRANSACTION READ ONLY', None)),
+}
+#: A reader that failed is left alone this long, doubling to the maximum.
+FIRST_BACKOFF = 1.0
+MAX_BACKOFF = 60.0
+
+
+def fetch(result, max_rows):
+    """Read a SQLAlchemy result into :class:`Rows`, keeping ``max_rows``."""
+    if not result.returns_rows:
+        return Rows(rowcount=result.rowcount)
+    columns = tuple(result.keys())
+    truncated = False
+    if max_rows:
+        data = result.fetchmany(max_rows + 1)
+        truncated = len(data) > max_rows
+        del data[max_rows:]
+        result.close()
+    else:
+        data = result.fetchall()
+    return Rows(columns, data, truncated=truncated)
+
+
+def make_engine(url, **kw):
+    engine = create_engine(url, **kw)
+    event.listen(engine, 'handle_error', mark_retryable)
+    return engine
+
+
+def make_read_only(engine):
+    """Make every transaction on ``engine`` read-only: a statement taken
+    for a read that writes then fails, rather than being rolled back
+    unseen, and a session that writes through a reader fails too."""
+    dialect = engine.dialect.name
+    if dialect == 'postgresql':
+        engine.update_execution_options(postgresql_readonly=True)
+    elif dialect in _READ_ONLY_SESSION:
+        # Once per connection: no statement before each read.
+        event.listen(
+            engine,
+            'connect',
+            functools.partial(_read_only_session, _READ_ONLY_SESSION[dialect]),
+        )
+    elif dialect == 'oracle':  # pragma: no cover (no Oracle server here)
+        # Oracle has no read-only session: each transaction says it.
+        event.listen(
+            engine,
+            'begin',
+            lambda connection: connection.exec_driver_sql(
+                'SET TRANSACTION READ ONLY'
+            ),
+        )
+
+
+#: How a connection is made read-only for good, by dialect.
+_READ_ONLY_SESSION = {
+    'sqlite': 'PRAGMA query_only = ON',
+    'mysql': 'SET SESSION TRANSACTION READ ONLY',
+    'mariadb': 'SET SESSION TRANSACTION READ ONLY',
+}
+
+
+def _read_only_session(sql, dbapi_connection, record):
+    cursor = dbapi_connection.cursor()
+    try:
+        cursor.execute(sql)
+    finally:
+        cursor.close()
+
+
+class ReadEngine:
+    """One read engine, its load, and whether it is taken out."""
+
+    def __init__(self, engine):
+        self.engine = engine
+        self.name = engine.url.render_as_string(hide_password=True)
+        self.in_flight = 0
+        #: Reads sent to this reader.
+        self.reads = 0
+        self.down_until = 0.0
+        self.backoff = 0.0
+
+
+class Router:
+    """The engines: one writer, one or more readers; the write slots.
+
+    ``failovers`` counts the reads that went to the writer because their
+    reader was down; ``write_waits`` and ``write_wait_seconds`` count the
+    writes that had to wait for a slot, and how long they waited.
+    ``writer_reads`` counts the reads run on the writer outside a write
+    transaction, ``write_transactions`` the transactions that took a
+    write slot, and ``writes`` the writing SQL method calls (each
+    reader counts its ``reads``).
+    """
+
+    def __init__(self, settings):
+        self.settings = settings
+        self.writer = make_engine(settings.url)
+        # Cache keys name the database read, never its password; replicas
+        # hold the writer's data, so the writer names them all.
+        self.key = make_url(settings.url).render_as_string(hide_password=True)
+        urls = settings.read_urls or (settings.url,)
+        self.readers = [
+            ReadEngine(make_engine(url, pool_size=settings.read_pool_size))
+            for url in urls
+        ]
+        for reader in self.readers:
+            make_read_only(reader.engine)
+            event.listen(
+                reader.engine,
+                'handle_error',
+                functools.partial(self._reader_error, reader),
+            )
+        self._turn = itertools.count()
+        self.replicas = settings.read_urls is not None
+        self.dialect = self.writer.dialect.name
+        self._read_only, self._writable = _READ_ONLY.get(
+            self.dialect, (None, None)
+        )
+        self.failovers = 0
+        self.writer_reads = 0
+        self.write_transactions = 0
+        self.writes = 0
+        self.write_waits = 0
+        self.write_wait_seconds = 0.0
+        self._recent = {}
+        self._reset_locks()
+        forks.renew_after_fork(self)
+
+    def _reset_locks(self):
+        self._lock = threading.Lock()
+        self.write_slots = threading.BoundedSemaphore(
+            self.settings.write_concurrency
+        )
+
+    def after_fork(self):
+        """In a forked child: drop the parent's connections unclosed (they
+        are the parent's) and make the locks anew."""
+        for engine in self.engines():
+            engine.dispose(close=False)
+        self._reset_locks()
+
+    def engines(self):
+        return [self.writer] + [r.engine for r in self.readers]
+
+    def dispose(self):
+        for engine in self.engines():
+            engine.dispose()
+
+    # Reads
+
+    def pick(self, count=True):
+        """The reader with the fewest reads in flight, or None if all are
+        down (then the writer serves); ``count``: one more in flight."""
+        now = monotonic()
+        with self._lock:
+            up = [r for r in self.readers if r.down_until <= now]
+            if not up:
+                return None
+            # Ties go round: the rotation starts each pick elsewhere.
+            turn = next(self._turn) % len(up)
+            reader = min(up[turn:] + up[:turn], key=lambda r: r.in_flight)
+            reader.in_flight += count
+            reader.reads += count
+            return reader
+
+    def read(self, statement, params, max_rows, tables=(), writer=False):
+        """Run a read, read-only, on a reader; on the writer when ``writer``
+        is true, when ``tables`` were written within the replicas' lag
+        window, or when no reader is up."""
+        if not writer and self._recently_written(tables):
+            writer = True
+        reader = None if writer else self.pick()
+        if reader is None:
+            if not writer:
+                self.failovers += 1
+            return self._read_on(self.writer, statement, params, max_rows)
+        try:
+            try:
+                connection = reader.engine.connect()
+            except DBAPIError as exc:
+                failed = exc  # refused, unreachable, out of connections
+            else:
+                try:
+                    rows = self._read_with(
+                        connection, statement, params, max_rows
+                    )
+                except DBAPIError as exc:
+                    if not exc.connection_invalidated:
+                        raise  # the statement's fault, not the reader's
+                    failed = exc  # the reader went away mid-read
+                else:
+                    self._up(reader)
+                    return rows
+        finally:
+            with self._lock:
+                reader.in_flight -= 1
+        self._down(reader, failed)
+        self.failovers += 1
+        return self._read_on(self.writer, statement, params, max_rows)
+
+    def _read_on(self, engine, statement, params, max_rows):
+        """A read on the writer, made read-only for the read alone."""
+        self.writer_reads += 1
+        with engine.connect() as connection:
+            if self.dialect == 'postgresql':
+                connection.execution_options(postgresql_readonly=True)
+            if self._read_only:
+                connection.exec_driver_sql(self._read_only)
+            try:
+                return fetch(connection.execute(statement, params), max_rows)
+            finally:
+                if self._writable:
+                    connection.exec_driver_sql(self._writable)
+
+    def _read_with(self, connection, statement, params, max_rows):
+        """A read on a reader's connection (read-only already)."""
+        with connection:
+            return fetch(connection.execute(statement, params), max_rows)
+
+    def _reader_error(self, reader, context):
+        """``handle_error`` on a reader: one that cannot be reached is
+        taken out, and the error made retryable, so that pyramid_retry
+        runs a session's read again, on the writer."""
+        error = context.sqlalchemy_exception
+        # A driver's error on connecting, or a lost connection: the reader
+        # is out. Anything else is the statement's, or the program's.
+        if error is not None and (
+            context.connection is None or context.is_disconnect
+        ):
+            self._down(reader, context.original_exception)
+            mark_error_retryable(error)
+
+    def _down(self, reader, exc):
+        now = monotonic()
+        with self._lock:
+            if reader.down_until > now:
+                return  # taken out already, by a read at the same time
+            was_up = reader.backoff == 0
+            reader.backoff = min(
+                MAX_BACKOFF, max(FIRST_BACKOFF, reader.backoff * 2)
+            )
+            reader.down_until = now + reader.backoff
+        if was_up:
+            log.warning(
+                'read database %s is down, its reads go to the writer: %s',
+                reader.name,
+                getattr(exc, 'orig', exc),
+            )
+
+    def _up(self, reader):
+        if reader.backoff:
+            with self._lock:
+                reader.backoff = 0.0
+                reader.down_until = 0.0
+            log.warning('read database %s is back', reader.name)
+
+    def reader_engine(self):
+        """An engine for a session's reads: the least busy reader that is
+        up, or the writer."""
+        reader = self.pick(count=False)
+        return self.writer if reader is None else reader.engine
+
+    # Replica lag
+
+    def wrote(self, tables):
+        """Note a committed write: with replicas and
+        ``dbtune.pin_after_write``, reads of these tables go to the writer
+        for that long, so that no cache is filled from a replica that has
+        not caught up."""
+        if not (self.replicas and self.settings.pin_after_write):
+            return
+        until = monotonic() + self.settings.pin_after_write
+        with self._lock:
+            for table in tables:
+                self._recent[table] = until
+
+    def _recently_written(self, tables):
+        if not self._recent:
+            return False
+        now = monotonic()
+        with self._lock:
+            for table, until in list(self._recent.items()):
+                if until <= now:
+                    del self._recent[table]
+            return not self._recent.keys().isdisjoint(tables)
+
+    # Writes
+
+    def acquire_write_slot(self):
+        """Wait for a write slot; raise :class:`WriteSlotTimeout` after
+        ``dbtune.write_timeout`` seconds. Returns the seconds waited."""
+        if self.write_slots.acquire(blocking=False):
+            return 0.0
+        start = perf_counter()
+        got = self.write_slots.acquire(timeout=self.settings.write_timeout)
+        waited = perf_counter() - start
+        with self._lock:
+            self.write_waits += 1
+            self.write_wait_seconds += waited
+        if not got:
+            raise WriteSlotTimeout(
+                self.settings.write_timeout, self.settings.write_concurrency
+            )
+        return waited

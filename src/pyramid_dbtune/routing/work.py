@@ -1,0 +1,201 @@
+"""The unit of work: the writing side of a request's transaction.
+
+Routing is by unit of work, not by statement. While a request's
+transaction has not written, its reads run on a reader (a replica, or the
+writer's database through a pool of its own), read-only, through the cache
+when the method has a ``cache_time``. Its first write takes a **write
+slot** (``dbtune.write_concurrency`` per process), held until the
+transaction ends, and runs in the request's session on the writer, which
+joins ``request.tm`` through zope.sqlalchemy. From then on every read of
+the request runs there too: it sees its own writes, and is neither served
+from nor stored in the cache. After a commit the cached results of the
+tables written are invalidated; an abort invalidates nothing.
+"""
+
+import logging
+import time
+from time import perf_counter
+
+import transaction.interfaces
+from zope.sqlalchemy import mark_changed, register
+
+from .engines import fetch
+from .errors import (
+    WriteSlotTimeout,
+)
+
+log = logging.getLogger(__name__)
+
+#: The name of the cookie that pins a client to the writer after a write.
+PIN_COOKIE = 'dbtune_pin'
+
+
+class UnitOfWork:
+    """The writing side of a transaction: its write slot, its session, what
+    it wrote, and whether the client is pinned to the writer.
+
+    One unit serves every request that shares a transaction: a subrequest
+    run in its parent's transaction reads the parent's writes and does not
+    wait for the slot its parent holds.
+    """
+
+    def __init__(self, request, router, cache):
+        self.request = request
+        self.router = router
+        self.cache = cache
+        #: True from the first write until its transaction ends.
+        self.dirty = False
+        #: True when reads must go to the writer (pinned after a write).
+        self.pinned = False
+        self.write_wait = 0.0
+        self._session = None
+        self._tables = set()
+        self._all_tables = False
+        self._committed_writes = False
+        if router.replicas and router.settings.pin_after_write:
+            pin = request.cookies.get(PIN_COOKIE, '')
+            # A client's cookie: digits of ASCII ('²' is a digit too), and
+            # few enough for int().
+            self.pinned = (
+                pin.isascii()
+                and pin.isdigit()
+                and len(pin) < 20
+                and int(pin) > time.time()
+            )
+
+    @classmethod
+    def of(cls, request, router, cache):
+        """The unit of the request's transaction, made if it has none."""
+        try:
+            txn = request.tm.get()
+        except transaction.interfaces.NoTransaction:
+            return cls(request, router, cache)
+        try:
+            return txn.data(router)
+        except KeyError:
+            unit = cls(request, router, cache)
+            txn.set_data(router, unit)
+            return unit
+
+    @property
+    def session(self):
+        """The :class:`~pyramid_dbtune.RoutingSession` of this unit."""
+        if self._session is None:
+            from .session import RoutingSession
+
+            self._session = RoutingSession(self)
+            register(self._session, transaction_manager=self.request.tm)
+        return self._session
+
+    def flush(self):
+        """Flush the session's pending changes, as an ORM query would,
+        before a SQL method routes its call."""
+        session = self._session
+        if session is not None and session.autoflush:
+            session.flush()
+
+    def begin_write(self, tables, what):
+        """Note a write of ``tables`` (``None``: unknown) in the current
+        transaction, taking a write slot if this is its first write."""
+        if not self.dirty:
+            try:
+                txn = self.request.tm.get()
+            except transaction.interfaces.NoTransaction:
+                raise RuntimeError(
+                    f'{what} writes, but request.tm has no active '
+                    'transaction (is pyramid_tm active for this request?)'
+                ) from None
+            start = perf_counter()
+            try:
+                self.write_wait += self.router.acquire_write_slot()
+            except WriteSlotTimeout:
+                self.write_wait += perf_counter() - start
+                raise
+            self.dirty = True  # and the slot is held until the end
+            self.router.write_transactions += 1
+            txn.set_data(self.router, self)
+            txn.addAfterCommitHook(self._after_commit)
+            txn.addAfterAbortHook(self._finish)
+            self.request.add_finished_callback(self._release_at_the_end)
+            self._let_go_of_the_reader()
+        if tables is None:
+            self._all_tables = True
+        else:
+            self._tables.update(tables)
+
+    def _let_go_of_the_reader(self):
+        # From the first write on, the session works on the writer. Its
+        # reader connection is rolled back and returned now, so that it is
+        # neither held nor committed with the writer's transaction.
+        # SQLAlchemy has no public way to drop one bind of a session's
+        # transaction, hence its private table of connections.
+        if self._session is None:
+            return
+        txn = self._session.get_transaction()
+        connections = getattr(txn, '_connections', None) or {}
+        for reader in self.router.readers:
+            entry = connections.pop(reader.engine, None)
+            if entry is not None:
+                connection, reading = entry[0], entry[1]
+                connections.pop(connection, None)
+                reading.rollback()
+                connection.close()
+
+    def execute(self, method, statement, params):
+        """Run a SQL method's statement in the transaction's session."""
+        if method.writes:
+            self.begin_write(method.tables, f'SQL method {method.name}()')
+            self.router.writes += 1
+        session = self.session
+        result = session.execute(
+            statement, params, execution_options={'dbtune_routed': True}
+        )
+        if method.writes:
+            self.session_wrote(session)
+        return fetch(result, method.max_rows)
+
+    def session_wrote(self, session):
+        # Text DML is invisible to zope.sqlalchemy: without this the
+        # transaction would be rolled back at commit time.
+        mark_changed(session, transaction_manager=self.request.tm)
+
+    def _after_commit(self, committed):
+        if committed:
+            tables = None if self._all_tables else self._tables
+            self.cache.invalidate(tables)
+            if tables is not None:
+                self.router.wrote(tables)
+            self._pin()
+        self._finish()
+
+    def _pin(self):
+        seconds = self.router.settings.pin_after_write
+        if not (self.router.replicas and seconds):
+            return
+        if not self._committed_writes:
+            self._committed_writes = True
+            self.request.add_response_callback(
+                lambda request, response: response.set_cookie(
+                    PIN_COOKIE,
+                    str(int(time.time() + seconds)),
+                    max_age=int(seconds + 0.999),
+                    httponly=True,
+                    samesite='Lax',
+                    path='/',
+                )
+            )
+        self.pinned = True
+
+    def _finish(self):
+        if self.dirty:
+            self.dirty = False
+            self.router.write_slots.release()
+        self._tables = set()
+        self._all_tables = False
+
+    def _release_at_the_end(self, request):
+        # A transaction left open past its request would hold its slot,
+        # and every writer of the process would wait for it in vain.
+        if self.dirty:
+            log.error('a write transaction outlived its request; aborting')
+            self.request.tm.abort()
