@@ -454,9 +454,9 @@ def test_deep_check_survives_a_ping_ended_by_a_base_exception(sqlite_url):
 
 
 def test_a_hung_ping_is_given_up_for_a_new_one(silent_server, monkeypatch):
-    import pyramid_dbtune.fastpath as fastpath
+    from pyramid_dbtune.fastpath import health as health_module
 
-    monkeypatch.setattr(fastpath, 'ABANDON_AFTER', 0)
+    monkeypatch.setattr(health_module, 'ABANDON_AFTER', 0)
     url = f'postgresql+psycopg://nobody@127.0.0.1:{silent_server}/none'
     config = Configurator(settings={'dbtune.url': url})
     config.include('pyramid_dbtune')
@@ -466,7 +466,7 @@ def test_a_hung_ping_is_given_up_for_a_new_one(silent_server, monkeypatch):
     for _ in range(6):
         app.get('/h', status=503)
     # The first ping, then three more each given up on in turn, no more.
-    health = fastpath._health_of(pyramid_app.registry.dbtune)
+    health = health_module._health_of(pyramid_app.registry.dbtune)
     assert health.stranded == 3 and health.running is not None
     # In a child forked now, the pings in flight and the locks are the
     # parent's: the deep check starts afresh.
@@ -477,12 +477,12 @@ def test_a_hung_ping_is_given_up_for_a_new_one(silent_server, monkeypatch):
     forks.renew()
     assert health.stranded == 0 and health.running is None
     assert not health.lock.locked()
-    fastpath._healths_lock.acquire()
+    health_module._healths_lock.acquire()
     try:
-        fastpath._new_healths_lock()  # what os.fork runs in the child
-        assert not fastpath._healths_lock.locked()
+        health_module._new_healths_lock()  # what os.fork runs in the child
+        assert not health_module._healths_lock.locked()
     finally:
-        monkeypatch.setattr(fastpath, '_healths_lock', threading.Lock())
+        monkeypatch.setattr(health_module, '_healths_lock', threading.Lock())
 
 
 @pytest.mark.parametrize(

@@ -109,7 +109,7 @@ def post_fork(server, worker):
 def _dbtune_of(app):
     """The ``registry.dbtune`` of a WSGI app, through its wrappers (the
     fastpath filter's among them)."""
-    return getattr(fastpath._registry_of(app), 'dbtune', None)
+    return getattr(fastpath.registry_of(app), 'dbtune', None)
 
 
 def post_worker_init(worker):
