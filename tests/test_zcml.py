@@ -71,6 +71,8 @@ def write_zcml(tmp_path, body, include=True):
          "SQL method name '1x'"),
         ('<dbtune:sqlmethod file="sql/none.sql" />', 5, 'none.sql'),
         ('<dbtune:sqlmethods directory="nowhere" />', 5, 'nowhere'),
+        ('<dbtune:sqlmethod name="x" sql="SELECT 1" writes="maybe" />', 5,
+         "writes='maybe' is not valid: expected true or false"),
     ],
 )  # fmt: skip
 def test_bad_attributes_are_zcml_errors_with_file_and_line(
@@ -102,7 +104,7 @@ def test_a_file_and_a_directory_from_zcml(tmp_path):
         tmp_path,
         '<dbtune:sqlmethods directory="sql" />\n'
         '  <dbtune:sqlmethod file="sql/one.sql" name="uno" tables="t" '
-        'writes="false" cache_time="2" />',
+        'writes="no" cache_time="2" />',
     )
     app = zcml_app('sqlite://', path, tables=False)
     methods = app.app.registry.dbtune.methods

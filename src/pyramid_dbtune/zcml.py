@@ -21,8 +21,9 @@ from pyramid.exceptions import ConfigurationError
 from pyramid_zcml import with_context
 from zope.configuration.fields import Path
 from zope.interface import Interface
-from zope.schema import Bool, Float, Int, Text, TextLine
+from zope.schema import Float, Int, Text, TextLine
 
+from .settings import Invalid, as_bool
 from .sql.method import SQLMethod
 from .sql.zsql import load_file
 
@@ -52,8 +53,9 @@ class ISQLMethodDirective(Interface):
     cache_time = Float(title='Seconds to keep rows', required=False, min=0.0)
     max_rows = Int(title='Rows to keep at most', required=False, min=0)
     tables = TextLine(title='Tables read or written', required=False)
-    writes = Bool(title='Whether the statement writes', required=False)
-    invalidate = Bool(
+    # Text, read as every boolean of the package is (settings.as_bool).
+    writes = TextLine(title='Whether the statement writes', required=False)
+    invalidate = TextLine(
         title='Whether a write to its tables drops its rows', required=False
     )
 
@@ -81,6 +83,15 @@ def sqlmethod(_context, name=None, file=None, sql=None, **kw):
         raise ConfigurationError(
             f'<dbtune:sqlmethod> tables={kw["tables"]!r} names no table'
         )
+    for flag in ('writes', 'invalidate'):
+        if flag in kw:
+            try:
+                kw[flag] = as_bool(kw[flag])
+            except Invalid as exc:
+                raise ConfigurationError(
+                    f'<dbtune:sqlmethod> {flag}={kw[flag]!r} is not valid: '
+                    f'expected {exc}'
+                ) from None
     cache_time = kw.get('cache_time')
     if cache_time is not None and cache_time.is_integer():
         # ZCML's Float reads "20" as 20.0: keep it the 20 a file's header

@@ -16,6 +16,7 @@ from pathlib import Path
 
 from sqlalchemy import bindparam, text
 
+from ..settings import as_bool
 from . import analysis
 from .analysis import ANY_TABLE
 
@@ -239,14 +240,6 @@ class SQLMethod:
         )
 
 
-def _yes_no(value):
-    answer = {'true': True, 'yes': True, 'false': False, 'no': False}
-    try:
-        return answer[value.lower()]
-    except KeyError:
-        raise ValueError(value) from None
-
-
 #: The header keys of a ``.sql`` file, how each value is read, and what a
 #: bad one should have been.
 _HEADER_KEYS = {
@@ -254,8 +247,8 @@ _HEADER_KEYS = {
     'cache_time': (float, 'a number'),
     'max_rows': (int, 'a whole number'),
     'tables': (str, 'table names'),
-    'writes': (_yes_no, 'true or false'),
-    'invalidate': (_yes_no, 'true or false'),
+    'writes': (as_bool, 'true or false'),
+    'invalidate': (as_bool, 'true or false'),
 }
 # A key may be written with spaces or hyphens: "cache-time", "Cache time".
 _HEADER = re.compile(r'^--\s*([A-Za-z_][\w -]*?)\s*:\s*(.*?)\s*$')

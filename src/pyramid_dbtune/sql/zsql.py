@@ -27,6 +27,7 @@ from pathlib import Path
 
 from sqlalchemy import bindparam, text
 
+from ..settings import as_bool
 from . import analysis
 from .analysis import ANY_TABLE
 from .dtml import ABSENT, Render, if_nodes, place, render_all
@@ -34,7 +35,6 @@ from .dtml_parser import MAX_VARIANTS, Parser
 from .method import (
     SQLFileError,
     SQLMethod,
-    _yes_no,
     check_unknown_key,
     header_key,
     load_sql_file,
@@ -271,8 +271,8 @@ _ZSQL_KEYS = {
     'max_cache': (_count, 'a whole number, 0 or more'),
     'cache_time': (_seconds, 'a number of seconds, 0 or more'),
     'tables': (_tables, 'table names, separated by commas'),
-    'writes': (_yes_no, 'true or false'),
-    'invalidate': (_yes_no, 'true or false'),
+    'writes': (as_bool, 'true or false'),
+    'invalidate': (as_bool, 'true or false'),
 }
 #: Zope keys that change what a call returns or where it runs, which this
 #: package does not do: an error when set, never silently dropped.
