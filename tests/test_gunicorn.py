@@ -95,7 +95,7 @@ def test_web_concurrency():
     cores = probes.usable_cores()
     assert config_module.default_workers({'WEB_CONCURRENCY': '3'}) == 3
     assert config_module.default_workers({'WEB_CONCURRENCY': ' '}) == cores
-    for bad in ('x', '0', '-2'):
+    for bad in ('x', '0', '-2', '²'):
         with pytest.raises(ValueError, match=f"WEB_CONCURRENCY = '{bad}'"):
             config_module.default_workers({'WEB_CONCURRENCY': bad})
 

@@ -72,16 +72,29 @@ def as_urls(value):
     return tuple(as_url(url) for url in urls)
 
 
+def whole_number(text, low=0, high=None):
+    """``text`` as a whole number from ``low`` to ``high`` (no bound:
+    None), else None. ASCII digits only: ``str.isdigit`` takes ``'²'`` too,
+    which ``int`` refuses; and at most 18 of them, so that no text a client
+    sends costs ``int`` more than a moment."""
+    if not (text.isascii() and text.isdigit() and len(text) <= 18):
+        return None
+    number = int(text)
+    if number < low or (high is not None and number > high):
+        return None
+    return number
+
+
 def as_servers(value):
     """``host:port`` items, whitespace- or comma-separated."""
     accepted = 'host:port items such as 127.0.0.1:11211'
     servers = []
     for item in _items(value, ',', accepted):
         host, sep, port = str(item).rpartition(':')
-        digits = port.isascii() and port.isdigit()  # '²' is a digit too
-        if not (sep and host and digits and 0 < int(port) < 65536):
+        port = whole_number(port, 1, 65535)
+        if not (sep and host and port):
             raise Invalid(accepted)
-        servers.append((host.strip('[]'), int(port)))
+        servers.append((host.strip('[]'), port))
     if not servers:
         raise Invalid(accepted)
     return tuple(servers)

@@ -30,6 +30,7 @@ import os
 
 from .. import fastpath
 from ..ops import probes
+from ..settings import whole_number
 from . import forks
 
 __all__ = ['child_exit', 'post_fork', 'post_worker_init', 'when_ready']
@@ -43,12 +44,13 @@ def default_workers(environ=os.environ):
     text = environ.get('WEB_CONCURRENCY', '').strip()
     if not text:
         return probes.usable_cores()
-    if not (text.isdigit() and int(text) > 0):
+    workers = whole_number(text, 1)
+    if workers is None:
         raise ValueError(
             f'WEB_CONCURRENCY = {text!r} is not valid: expected a whole '
             'number of worker processes above 0'
         )
-    return int(text)
+    return workers
 
 
 workers = default_workers()

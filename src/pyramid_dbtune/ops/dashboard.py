@@ -15,6 +15,7 @@ from pyramid.exceptions import ConfigurationError
 from pyramid.response import Response
 from pyramid.tweens import INGRESS
 
+from ..settings import whole_number
 from . import access
 from .profiler import Profiler
 from .stats import Stats
@@ -138,9 +139,10 @@ def _limit(request):
     from pyramid.httpexceptions import HTTPBadRequest
 
     text = access.query(request, 'limit') or '20'
-    if not (text.isascii() and text.isdigit() and 0 < int(text) <= 1000):
+    limit = whole_number(text, 1, 1000)
+    if limit is None:
         raise HTTPBadRequest('limit: a whole number from 1 to 1000')
-    return int(text)
+    return limit
 
 
 def profile_data(request):

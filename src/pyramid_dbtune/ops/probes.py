@@ -32,6 +32,7 @@ import time
 
 from pyramid.httpexceptions import HTTPBadRequest
 
+from ..settings import whole_number
 from ..sql.method import SQLMethod
 from . import access
 
@@ -162,18 +163,13 @@ def _milliseconds(request):
         text = request.GET.get('ms', str(DEFAULT_MS))
     except UnicodeDecodeError:  # any parameter: WebOb decodes them all
         raise HTTPBadRequest('the query string is not UTF-8') from None
-    # Short first: int() of thousands of digits raises, or takes long.
-    if not (
-        len(text) <= len(str(MAX_MS))
-        and text.isascii()
-        and text.isdigit()
-        and int(text) <= MAX_MS
-    ):
+    ms = whole_number(text, 0, MAX_MS)
+    if ms is None:
         raise HTTPBadRequest(
             f'ms must be a whole number of milliseconds from 0 to {MAX_MS}, '
             f'not {text[:20]!r}' + ('…' if len(text) > 20 else '')
         )
-    return int(text)
+    return ms
 
 
 def burn(seconds):

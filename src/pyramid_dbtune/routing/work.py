@@ -19,6 +19,7 @@ from time import perf_counter
 import transaction.interfaces
 from zope.sqlalchemy import mark_changed, register
 
+from ..settings import whole_number
 from .engines import fetch
 from .errors import (
     WriteSlotTimeout,
@@ -53,15 +54,8 @@ class UnitOfWork:
         self._all_tables = False
         self._committed_writes = False
         if router.replicas and router.settings.pin_after_write:
-            pin = request.cookies.get(PIN_COOKIE, '')
-            # A client's cookie: digits of ASCII ('²' is a digit too), and
-            # few enough for int().
-            self.pinned = (
-                pin.isascii()
-                and pin.isdigit()
-                and len(pin) < 20
-                and int(pin) > time.time()
-            )
+            pin = whole_number(request.cookies.get(PIN_COOKIE, ''))
+            self.pinned = pin is not None and pin > time.time()
 
     @classmethod
     def of(cls, request, router, cache):
