@@ -26,8 +26,26 @@ def _in_api(name):
     return re.search(pattern, _text('api.rst'))
 
 
+def _settings_table():
+    """The settings page's table, as docs/conf.py makes it."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location('conf', DOCS / 'conf.py')
+    conf = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(conf)
+    return '\n'.join(conf.settings_table())
+
+
 def _on_settings_page(key):
-    return f'``{key}``' in _text('settings.rst')
+    return (
+        '.. dbtune-settings::' in _text('settings.rst')
+        and f'``{key}``' in _settings_table()
+    )
+
+
+def test_every_setting_says_what_it_does():
+    for setting in settings.TABLE:
+        assert len(setting.doc.split()) >= 5, setting.name
 
 
 @pytest.mark.parametrize('name', pyramid_dbtune.__all__)

@@ -11,7 +11,7 @@ import difflib
 import math
 import re
 import threading
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, field, make_dataclass
 from types import MappingProxyType
 
 from pyramid.exceptions import ConfigurationError
@@ -247,93 +247,285 @@ def as_fast_paths(value):
 
 
 @dataclass(frozen=True)
-class Settings:
-    """The parsed ``dbtune.*`` settings (see :doc:`settings`)."""
-
-    url: str | None = None
-    #: The read URLs; ``None``: read from ``url`` with a pool of its own.
-    read_urls: tuple | None = None
-    read_pool_size: int = 8
-    write_concurrency: int = 1
-    write_timeout: float = 10
-    pin_after_write: float = 0
-    cache_backend: str = 'memory'
-    cache_servers: tuple | None = None
-    cache_secret: str | None = field(default=None, repr=False)
-    cache_namespace: str = 'dbtune'
-    cache_timeout: float = 0.25
-    cache_connect_timeout: float = 0.25
-    cache_dead_retry: float = 5
-    cache_item_limit: int = 1024 * 1024
-    cache_max_entries: int = 10000
-    cache_max_bytes: int = 64 * 1024 * 1024
-    cache_default_time: float = 0
-    #: ``dbtune.fast_paths``: path to body (bytes) or callable.
-    fast_paths: MappingProxyType | None = None
-    #: Add a ``Server-Timing`` header to every response (:doc:`stats`).
-    server_timing: bool = False
-    #: Count requests, cache and database use; ``/_dbtune/stats``.
-    stats: bool = False
-    #: The sampling profiler, and how many samples it takes a second.
-    profile: bool = False
-    profile_sample: int = 100
-    #: Lets a request into the ``/_dbtune/`` views (:mod:`.access`).
-    stats_token: str | None = field(default=None, repr=False)
-    stats_permission: str | None = None
-    #: ``dbtune.probes``: the probe views of :mod:`.probes` are on.
-    probes: bool = False
-    #: ``dbtune.cache_time.<name>`` overrides, by SQL method name.
-    cache_times: MappingProxyType = field(
-        default_factory=lambda: MappingProxyType({})
-    )
-    #: ``dbtune.invalidate.<name>`` overrides, by SQL method name.
-    invalidates: MappingProxyType = field(
-        default_factory=lambda: MappingProxyType({})
-    )
-
-
-_DEFAULTS = {f.name: f.default for f in fields(Settings)}
-
-
-@dataclass(frozen=True)
 class Setting:
+    """One ``dbtune.`` setting: its name (less ``dbtune.``), the converter
+    of its text, its default, and what it does, as the docs say it.
+    ``shown`` is the default as the docs show it, where the value alone
+    would not say it (``sqlalchemy.url`` for ``url``)."""
+
     name: str
     convert: object
+    default: object
+    doc: str
+    shown: str | None = None
 
     @property
-    def default(self):
-        """The default: that of the :class:`Settings` field of this name."""
-        return _DEFAULTS[self.name.replace('.', '_')]
+    def field(self):
+        """Its attribute of :class:`Settings`: ``cache.max_bytes`` is
+        ``cache_max_bytes``."""
+        return self.name.replace('.', '_')
+
+    @property
+    def default_text(self):
+        """The default, as the settings page shows it."""
+        if self.shown is not None:
+            return self.shown
+        if self.default is None:
+            return '—'
+        if isinstance(self.default, bool):
+            return f'``{str(self.default).lower()}``'
+        return f'``{self.default}``'
 
 
-#: Every ``dbtune.`` setting: (name, converter); defaults in :class:`Settings`.
+#: Every ``dbtune.`` setting: the one table the parsed :class:`Settings`,
+#: start-up errors and the docs' settings page come from.
 TABLE = (
-    Setting('url', as_url),
-    Setting('read_urls', as_urls),
-    Setting('read_pool_size', positive_int),
-    Setting('write_concurrency', positive_int),
-    Setting('write_timeout', positive_seconds),
-    Setting('pin_after_write', pin_seconds),
-    Setting('cache.backend', one_of('memory', 'memcached', 'none')),
-    Setting('cache.servers', as_servers),
-    Setting('cache.secret', as_secret),
-    Setting('cache.namespace', as_namespace),
-    Setting('cache.timeout', positive_seconds),
-    Setting('cache.connect_timeout', positive_seconds),
-    Setting('cache.dead_retry', positive_seconds),
-    Setting('cache.item_limit', as_bytes),
-    Setting('cache.max_entries', positive_int),
-    Setting('cache.max_bytes', as_bytes),
-    Setting('cache.default_time', as_seconds),
-    Setting('fast_paths', as_fast_paths),
-    Setting('server_timing', as_bool),
-    Setting('stats', as_bool),
-    Setting('profile', as_bool),
-    Setting('profile.sample', per_second),
-    Setting('stats.token', as_token),
-    Setting('stats.permission', as_name),
-    Setting('probes', as_bool),
+    Setting(
+        'url',
+        as_url,
+        None,
+        "The database's SQLAlchemy URL, such as "
+        '``postgresql+psycopg://app@db/app``. Needed once any SQL method is '
+        'registered. SQLite databases should be files: an in-memory SQLite '
+        'database is one per thread.',
+        shown='``sqlalchemy.url``',
+    ),
+    Setting(
+        'read_urls',
+        as_urls,
+        None,
+        'One or more read URLs (replicas), separated by white space. Reads go'
+        ' to the one with the fewest reads in flight; one that refuses '
+        'connections is left out for a while (see :doc:`routing`). Unset, '
+        "reads go to the writer's database through a pool of their own.",
+        shown="the writer's URL",
+    ),
+    Setting(
+        'read_pool_size',
+        positive_int,
+        8,
+        "Connections kept in each read engine's pool.",
+    ),
+    Setting(
+        'write_concurrency',
+        positive_int,
+        1,
+        'Transactions of this process that may write at once; ``1`` '
+        'serialises them.',
+    ),
+    Setting(
+        'write_timeout',
+        positive_seconds,
+        10,
+        'Seconds a request waits for a write slot before it is answered ``503'
+        ' Service Unavailable``, having written nothing.',
+    ),
+    Setting(
+        'pin_after_write',
+        pin_seconds,
+        0,
+        'With ``dbtune.read_urls``: seconds a client that wrote reads from '
+        'the writer (a ``dbtune_pin`` cookie), and that reads of the tables '
+        'written are filled from the writer, to ride out replica lag. At most'
+        ' a year.',
+    ),
+    Setting(
+        'cache.backend',
+        one_of('memory', 'memcached', 'none'),
+        'memory',
+        '``memory`` keeps results in this process; ``memcached`` in '
+        'memcached, shared by every process that names the same servers and '
+        'secret (see :doc:`memcached`); ``none`` caches nothing.',
+    ),
+    Setting(
+        'cache.servers',
+        as_servers,
+        None,
+        'With ``memcached``: ``host:port`` items (``[::1]:11211`` for IPv6), '
+        'separated by white space or commas. Required.',
+    ),
+    Setting(
+        'cache.secret',
+        as_secret,
+        None,
+        'With ``memcached``: the key that signs every entry, 16 characters or'
+        ' more, the same in every process that shares the cache. Required.',
+    ),
+    Setting(
+        'cache.namespace',
+        as_namespace,
+        'dbtune',
+        'A prefix for every key, so that applications can share servers.',
+    ),
+    Setting(
+        'cache.timeout',
+        positive_seconds,
+        0.25,
+        'Seconds memcached has to answer; past them the read is a miss, '
+        'answered from the database.',
+    ),
+    Setting(
+        'cache.connect_timeout',
+        positive_seconds,
+        0.25,
+        'Seconds memcached has to accept a connection; past them the read is '
+        'a miss, answered from the database.',
+    ),
+    Setting(
+        'cache.dead_retry',
+        positive_seconds,
+        5,
+        'Seconds a server that failed is left alone before it is tried again.',
+    ),
+    Setting(
+        'cache.item_limit',
+        as_bytes,
+        1024 * 1024,
+        "Results whose entry is larger are not stored (memcached's own item "
+        'limit, ``-I``, is 1 MiB by default).',
+        shown='``1MiB``',
+    ),
+    Setting(
+        'cache.max_entries',
+        positive_int,
+        10000,
+        'At most this many results are kept; the least recently used go '
+        'first. With memcached, at most this many verified entries are kept '
+        'decoded in each process.',
+    ),
+    Setting(
+        'cache.max_bytes',
+        as_bytes,
+        64 * 1024 * 1024,
+        'At most about this much memory is held by cached results: a number '
+        'of bytes, or with a unit (``500KB``, ``64MiB``, ``1GB``; ``KB`` is '
+        '1000 bytes and ``KiB`` 1024). A single result larger than this is '
+        'never stored.',
+        shown='``64MiB``',
+    ),
+    Setting(
+        'cache.default_time',
+        as_seconds,
+        0,
+        'Seconds to cache the results of SQL methods that name no '
+        '``cache_time`` of their own (``0``: not cached).',
+    ),
+    Setting(
+        'fast_paths',
+        as_fast_paths,
+        None,
+        'Paths answered before Pyramid builds a request: whitespace-separated'
+        ' ``/path=answer`` items, where the answer is a text or ``python:`` '
+        'and a dotted name of a function (see :doc:`fastpath`). Unset: '
+        'nothing is installed.',
+    ),
+    Setting(
+        'server_timing',
+        as_bool,
+        False,
+        'Add a ``Server-Timing`` header to every response: total time, '
+        'database read and write time, write-slot wait, cache hits and misses'
+        ' (see :doc:`stats`).',
+    ),
+    Setting(
+        'stats',
+        as_bool,
+        False,
+        'Count requests, latency per route, cache, database and parallelism '
+        'figures, served at ``/_dbtune/stats`` (JSON) and '
+        '``/_dbtune/metrics`` (Prometheus), and the dashboard at '
+        '``/_dbtune/``. Needs ``dbtune.stats.token`` or '
+        '``dbtune.stats.permission``, and ``pyramid_dbtune[stats]``.',
+    ),
+    Setting(
+        'profile',
+        as_bool,
+        False,
+        'The sampling profiler and its views under ``/_dbtune/profile``. '
+        'Needs ``dbtune.stats.token`` or ``dbtune.stats.permission``.',
+    ),
+    Setting(
+        'profile.sample',
+        per_second,
+        100,
+        'Samples the profiler takes a second, from 1 to 1000: each reads the '
+        'stack of every thread running a request.',
+    ),
+    Setting(
+        'stats.token',
+        as_token,
+        None,
+        'A secret of 16 printable ASCII characters or more (it travels in a '
+        "header) that lets a request into the operator's ``/_dbtune/`` views,"
+        ' given in the ``X-Dbtune-Token`` header or the ``token`` query '
+        'parameter. Those views are off by default; a request without the '
+        'token (or the permission below) gets a 404, as if they were not '
+        'there.',
+    ),
+    Setting(
+        'stats.permission',
+        as_name,
+        None,
+        "A permission of the application's security policy that also lets a "
+        'request into the ``/_dbtune/`` views. Without a security policy, '
+        'Pyramid grants every permission, so this setting then stops start-up'
+        ' with an error.',
+    ),
+    Setting(
+        'probes',
+        as_bool,
+        False,
+        '``true`` adds the probe views under ``/_dbtune/probe/`` that '
+        '``dbtune threadcheck`` drives (see :doc:`threadcheck`). Needs '
+        '``dbtune.stats.token`` or ``dbtune.stats.permission``: without a way'
+        ' in, start-up stops with an error. Off, nothing is added.',
+    ),
 )
+
+#: What ``dbtune.cache_time.<name>`` and ``dbtune.invalidate.<name>``
+#: (one per SQL method) do, for the settings page.
+PER_METHOD_DOCS = (
+    (
+        'cache_time.<method>',
+        'Seconds to cache the results of the SQL method ``<method>``, '
+        'whatever its code or file says; ``0`` turns its caching off. It '
+        'must name a registered method.',
+    ),
+    (
+        'invalidate.<method>',
+        '``true`` or ``false``, whatever the code or file says: whether a '
+        'committed write to the tables of the read ``<method>`` drops its '
+        'cached rows. ``false`` keeps them for their cache time, so they '
+        'may be that old (see *Fresh or fast* in :doc:`sqlmethods`). It '
+        'must name a registered read.',
+    ),
+)
+
+#: Settings whose value is a secret: kept out of :class:`Settings`' repr.
+_HIDDEN = frozenset(['cache.secret', 'stats.token'])
+
+Settings = make_dataclass(
+    'Settings',
+    [
+        (s.field, object, field(default=s.default, repr=s.name not in _HIDDEN))
+        for s in TABLE
+    ]
+    + [
+        (
+            name,
+            MappingProxyType,
+            field(default_factory=lambda: MappingProxyType({})),
+        )
+        for name in ('cache_times', 'invalidates')
+    ],
+    frozen=True,
+)
+Settings.__module__ = __name__
+Settings.__doc__ = """The parsed ``dbtune.*`` settings, one attribute a setting
+(``dbtune.cache.max_bytes`` is ``cache_max_bytes``; see :doc:`settings`),
+and ``cache_times`` and ``invalidates``: the ``dbtune.cache_time.<name>``
+and ``dbtune.invalidate.<name>`` overrides, by SQL method name."""
+
 
 #: Settings that mean something to the memcached backend alone.
 _MEMCACHED_ONLY = (
