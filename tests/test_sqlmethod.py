@@ -186,7 +186,9 @@ def test_sql_file_that_is_not_utf8(tmp_path):
 def test_sql_file_with_an_empty_tables_line(tmp_path):
     path = tmp_path / 'empty.sql'
     path.write_text('-- tables: ,\nSELECT 1')
-    with pytest.raises(SQLFileError, match='empty.sql:1: tables names no'):
+    with pytest.raises(
+        SQLFileError, match="empty.sql:1: tables = ',' is not table names"
+    ):
         load_sql_file(path)
 
 

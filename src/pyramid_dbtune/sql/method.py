@@ -240,13 +240,21 @@ class SQLMethod:
         )
 
 
+def table_names(text):
+    """A header's ``tables``: names, separated by commas or white space;
+    none would mean "no table", never invalidated, and is refused."""
+    if not text.replace(',', ' ').split():
+        raise ValueError(text)
+    return text
+
+
 #: The header keys of a ``.sql`` file, how each value is read, and what a
 #: bad one should have been.
 _HEADER_KEYS = {
     'name': (str, 'a name'),
     'cache_time': (float, 'a number'),
     'max_rows': (int, 'a whole number'),
-    'tables': (str, 'table names'),
+    'tables': (table_names, 'table names, separated by commas'),
     'writes': (as_bool, 'true or false'),
     'invalidate': (as_bool, 'true or false'),
 }
@@ -258,21 +266,50 @@ class SQLFileError(ValueError):
     """A ``.sql`` file that cannot be loaded; the text names file and line."""
 
 
-def check_unknown_key(path, number, key, keys):
-    """A header key that is not one of ``keys`` is prose, unless it is
-    close to one: then it is a typo, an error naming file and line."""
-    close = difflib.get_close_matches(key, keys, n=1)
-    if close:
-        raise SQLFileError(
-            f'{path}:{number}: unknown header key {key!r} (did you '
-            f'mean {close[0]!r}? accepted: {", ".join(keys)})'
-        )
-
-
 def header_key(text):
     """A header key as written (``Cache-time``), as it is looked up
     (``cache_time``)."""
     return re.sub(r'[\s-]+', '_', text.lower())
+
+
+def read_header(path, entries, keys, unsupported=None):
+    """The header of a SQL file (``.sql`` or ``.zsql``), read.
+
+    ``entries`` are its ``(line number, key as written, value)``; ``keys``
+    maps each key the file takes to ``(converter, what it accepts)``, and
+    a third item, true, where the converter's own complaint is worth
+    showing. A key close to one of them is a typo, an error, so that a typo
+    cannot silently turn a feature off; any other is prose. A key of
+    ``unsupported`` that is given a value is an error that says why.
+    Returns ``{key: value}``; an error is a :class:`SQLFileError` naming
+    the file and the line.
+    """
+    options = {}
+    for number, written, value in entries:
+        key = header_key(written)
+        if unsupported and key in unsupported:
+            if value.strip():
+                raise SQLFileError(
+                    f'{path}:{number}: {key}: {unsupported[key]}'
+                )
+            continue
+        if key not in keys:
+            close = difflib.get_close_matches(key, keys, n=1)
+            if close:
+                raise SQLFileError(
+                    f'{path}:{number}: unknown header key {key!r} (did you '
+                    f'mean {close[0]!r}? accepted: {", ".join(keys)})'
+                )
+            continue
+        convert, accepted, *detailed = keys[key]
+        try:
+            options[key] = convert(value)
+        except ValueError as exc:
+            detail = f' ({exc})' if detailed and detailed[0] else ''
+            raise SQLFileError(
+                f'{path}:{number}: {key} = {value!r} is not {accepted}{detail}'
+            ) from None
+    return options
 
 
 def read_source(path):
@@ -300,29 +337,16 @@ def load_sql_file(path, **overrides):
     options = {'name': path.stem}
     lines = read_source(path).splitlines()
     body = 0
+    entries = []
     for number, line in enumerate(lines, 1):
         stripped = line.strip()
         if stripped and not stripped.startswith('--'):
             break
         body = number
         match = _HEADER.match(stripped)
-        if match is None:
-            continue
-        key = header_key(match.group(1))
-        value = match.group(2)
-        if key not in _HEADER_KEYS:
-            check_unknown_key(path, number, key, _HEADER_KEYS)
-            continue
-        convert, accepted = _HEADER_KEYS[key]
-        if key == 'tables' and not value.replace(',', ' ').split():
-            # An empty list would mean "no table": never invalidated.
-            raise SQLFileError(f'{path}:{number}: tables names no table')
-        try:
-            options[key] = convert(value)
-        except ValueError:
-            raise SQLFileError(
-                f'{path}:{number}: {key} = {value!r} is not {accepted}'
-            ) from None
+        if match is not None:
+            entries.append((number, match.group(1), match.group(2)))
+    options.update(read_header(path, entries, _HEADER_KEYS))
     if 'cache_time' in options and options['cache_time'].is_integer():
         options['cache_time'] = int(options['cache_time'])
     sql = '\n'.join(lines[body:])

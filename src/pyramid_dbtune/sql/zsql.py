@@ -35,10 +35,11 @@ from .dtml_parser import MAX_VARIANTS, Parser
 from .method import (
     SQLFileError,
     SQLMethod,
-    check_unknown_key,
     header_key,
     load_sql_file,
+    read_header,
     read_source,
+    table_names,
 )
 
 _ARGUMENT = re.compile(
@@ -256,21 +257,15 @@ def _seconds(value):
     return int(number) if number.is_integer() else number
 
 
-def _tables(value):
-    if not value.replace(',', ' ').split():
-        raise ValueError(value)
-    return value
-
-
 #: The header keys of a ``.zsql`` file, how each is read, what it takes.
 _ZSQL_KEYS = {
     'title': (str, 'text'),
     'connection_id': (str, 'a name'),
-    'arguments': (parse_arguments, 'arguments'),
+    'arguments': (parse_arguments, 'arguments', True),
     'max_rows': (_count, 'a whole number, 0 or more'),
     'max_cache': (_count, 'a whole number, 0 or more'),
     'cache_time': (_seconds, 'a number of seconds, 0 or more'),
-    'tables': (_tables, 'table names, separated by commas'),
+    'tables': (table_names, 'table names, separated by commas'),
     'writes': (as_bool, 'true or false'),
     'invalidate': (as_bool, 'true or false'),
 }
@@ -292,39 +287,20 @@ _KEPT = ('title', 'connection_id', 'max_cache')
 
 
 def _read_header(path, block, first_line):
-    """The header's keys, read; raises :class:`SQLFileError`."""
-    found, last = {}, None
+    """The header's keys, read; raises :class:`SQLFileError`. An indented
+    line after ``arguments`` goes on with it, as Zope reads it."""
+    entries, arguments = [], False
     for number, line in enumerate(block.splitlines(), first_line):
+        if arguments and line[:1].isspace() and line.strip():
+            last, written, value = entries[-1]
+            entries[-1] = (last, written, value + ' ' + line)
+            continue
         match = _HEADER_LINE.match(line)
-        if last == 'arguments' and line[:1].isspace() and line.strip():
-            found['arguments'] = (found['arguments'][0] + ' ' + line, number)
-            continue
-        last = None
-        if match is None:
-            continue
-        key = header_key(match.group(1))
-        if key in _UNSUPPORTED_KEYS:
-            if match.group(2).strip():
-                raise SQLFileError(
-                    f'{path}:{number}: {key}: {_UNSUPPORTED_KEYS[key]}'
-                )
-            continue
-        if key not in _ZSQL_KEYS:
-            check_unknown_key(path, number, key, _ZSQL_KEYS)
-            continue
-        found[key] = (match.group(2).strip(), number)
-        last = key
-    options = {}
-    for key, (value, number) in found.items():
-        convert, accepted = _ZSQL_KEYS[key]
-        try:
-            options[key] = convert(value)
-        except ValueError as exc:
-            detail = f' ({exc})' if key == 'arguments' else ''
-            raise SQLFileError(
-                f'{path}:{number}: {key} = {value!r} is not {accepted}{detail}'
-            ) from None
-    return options
+        arguments = False
+        if match is not None:
+            entries.append((number, match.group(1), match.group(2).strip()))
+            arguments = header_key(match.group(1)) == 'arguments'
+    return read_header(path, entries, _ZSQL_KEYS, _UNSUPPORTED_KEYS)
 
 
 def load_zsql_file(path, **overrides):
