@@ -125,6 +125,11 @@ def test_routing_settings():
         }
     )
     assert settings.read_urls == ('sqlite:///a.sqlite', 'sqlite:///b.sqlite')
+    # Commas too, as for every list setting; one inside a URL is its own.
+    commas = parse({'dbtune.read_urls': 'sqlite:///a.sqlite,sqlite:///b'})
+    assert commas.read_urls == ('sqlite:///a.sqlite', 'sqlite:///b')
+    option = 'sqlite:///a.sqlite?mode=ro,x'
+    assert parse({'dbtune.read_urls': option}).read_urls == (option,)
     assert (settings.read_pool_size, settings.write_concurrency) == (4, 2)
     assert (settings.write_timeout, settings.pin_after_write) == (0.5, 3)
     assert parse({'dbtune.read_urls': ['sqlite://']}).read_urls == (

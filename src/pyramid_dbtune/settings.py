@@ -63,9 +63,17 @@ def _items(value, separators, accepted):
         raise Invalid(accepted) from None
 
 
+_URL_COMMA = re.compile(r',(?=\s*[A-Za-z][\w+.-]*://)')
+
+
 def as_urls(value):
-    """One or more database URLs, whitespace-separated."""
-    accepted = 'one or more database URLs, whitespace-separated'
+    """One or more database URLs, separated by white space or commas (as
+    every list setting is)."""
+    accepted = 'one or more database URLs, separated by white space or commas'
+    if isinstance(value, str):
+        # A comma inside a URL (a query's option) is the URL's: only one
+        # before the next URL's scheme separates.
+        value = _URL_COMMA.sub(' ', value)
     urls = _items(value, '', accepted)
     if not urls:
         raise Invalid(accepted)
@@ -294,7 +302,8 @@ TABLE = (
         'read_urls',
         as_urls,
         None,
-        'One or more read URLs (replicas), separated by white space. Reads go'
+        'One or more read URLs (replicas), separated by white space or '
+        'commas. Reads go'
         ' to the one with the fewest reads in flight; one that refuses '
         'connections is left out for a while (see :doc:`routing`). Unset, '
         "reads go to the writer's database through a pool of their own.",
