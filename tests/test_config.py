@@ -99,6 +99,8 @@ def test_cache_time_override_must_name_a_method(sqlite_url, runtimes):
     with pytest.raises(ConfigurationError) as info:
         config.commit()
     assert 'dbtune.cache_time.serach names no SQL method' in str(info.value)
+    # It names no file and line, for it has none: not 'Line 0 of file None'.
+    assert str(info.value).endswith("the application's dbtune.* settings")
     assert '(registered: search)' in str(info.value)
 
 

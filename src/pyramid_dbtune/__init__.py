@@ -110,6 +110,14 @@ def _check_overrides(dbtune):
             )
 
 
+class _Settings:
+    """Where an error found in the settings comes from, as Pyramid's error
+    shows it: they have no file or line of their own."""
+
+    def __str__(self):
+        return "the application's dbtune.* settings"
+
+
 def includeme(config):
     """Set up pyramid_dbtune: parse the settings, add directives.
 
@@ -148,8 +156,12 @@ def includeme(config):
         access.add_route(config)
     # After every other action: overrides may only name registered methods,
     # and a permission needs the security policy the app sets up.
-    config.action(None, _check_overrides, args=(dbtune,), order=10)
+    # Their errors say they come from the settings: Pyramid would name
+    # "Line 0 of file None" (these actions are no call of a directive).
+    settings_config = config.with_package(config.package)
+    settings_config.info = _Settings()
+    settings_config.action(None, _check_overrides, args=(dbtune,), order=10)
     if parsed.stats_permission is not None:
-        config.action(
+        settings_config.action(
             None, access.check_policy, args=(config.registry,), order=10
         )
