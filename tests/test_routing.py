@@ -961,3 +961,18 @@ def test_a_pinned_client_reads_read_only_from_the_writer(db_url):
     assert request.sql.set().rowcount == 4
     request.tm.commit()
     app.app.registry.dbtune.router.dispose()
+
+
+def test_without_replicas_a_database_down_is_not_said_to_be_a_reader(
+    apps, caplog
+):
+    # The read pool is the writer's database: the log must not send the
+    # operator looking for a replica, nor promise the writer takes over.
+    search = {'name': 'one', 'sql': 'SELECT 1 AS one', 'cache_time': 0}
+    app = apps(DEAD, [search], tables=False)
+    caplog.set_level('WARNING', logger='pyramid_dbtune.routing.engines')
+    with pytest.raises(sa.exc.OperationalError):
+        call(app, ('one', {}))
+    said = [r.getMessage() for r in caplog.records]
+    assert any(m.startswith('the database ') for m in said), said
+    assert not any('reads go to the writer' in m for m in said), said

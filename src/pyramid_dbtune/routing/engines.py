@@ -275,9 +275,17 @@ class Router:
                 MAX_BACKOFF, max(FIRST_BACKOFF, reader.backoff * 2)
             )
             reader.down_until = now + reader.backoff
-        if was_up:
+        if was_up and self.replicas:
             log.warning(
                 'read database %s is down, its reads go to the writer: %s',
+                reader.name,
+                getattr(exc, 'orig', exc),
+            )
+        elif was_up:
+            # No replica: the read pool is the writer's database, which
+            # a read on the writer will find down too.
+            log.warning(
+                'the database %s did not answer a read: %s',
                 reader.name,
                 getattr(exc, 'orig', exc),
             )
