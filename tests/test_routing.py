@@ -976,3 +976,41 @@ def test_without_replicas_a_database_down_is_not_said_to_be_a_reader(
     said = [r.getMessage() for r in caplog.records]
     assert any(m.startswith('the database ') for m in said), said
     assert not any('reads go to the writer' in m for m in said), said
+
+
+def test_an_orm_flush_that_changes_nothing_is_no_write(postgresql_url, apps):
+    # Setting an attribute to the value it has sends no UPDATE: no write
+    # slot, no pin cookie, and the read stays on the reader.
+    def view(request):
+        session = request.dbsession
+        first = session.get(Property, 1)
+        first.rent = first.rent
+        session.flush()
+        return session.scalar(sa.select(sa.func.count(Property.id)))
+
+    settings = {
+        'dbtune.read_urls': postgresql_url,
+        'dbtune.pin_after_write': '30',
+        'dbtune.server_timing': 'true',
+    }
+    app = session_app(postgresql_url, view, settings=settings)
+    log = query_log(app)
+    answer = app.get('/view')
+    assert answer.json == 4 and 'Set-Cookie' not in answer.headers
+    assert log.count('count(property.id)', engine='reader0') == 1
+    assert app.app.registry.dbtune.router.write_transactions == 0
+    assert 'db-write' not in answer.headers['Server-Timing']
+    app.app.registry.dbtune.router.dispose()
+
+
+def test_an_orm_write_counts_in_server_timing(sqlite_url):
+    def view(request):
+        request.dbsession.add(Property(id=9, area='Burley', rent=1))
+        request.dbsession.flush()
+        return 'ok'
+
+    settings = {'dbtune.server_timing': 'true'}
+    app = session_app(sqlite_url, view, settings=settings)
+    timing = app.get('/view').headers['Server-Timing']
+    assert 'db-write;dur=' in timing, timing
+    app.app.registry.dbtune.router.dispose()

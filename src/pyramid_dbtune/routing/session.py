@@ -11,6 +11,7 @@ see each other's uncommitted writes.
 """
 
 import functools
+from time import perf_counter
 
 import sqlalchemy as sa
 from sqlalchemy import event
@@ -35,10 +36,11 @@ class RoutingSession(Session):
         super().__init__(**kw)
 
     def get_bind(self, mapper=None, clause=None, **kw):
-        """The writer once the transaction has written (or while flushing,
-        or while the client is pinned), else this session's reader."""
+        """The writer once the transaction has written (a flush that
+        writes has, as it starts), or while the client is pinned, else this
+        session's reader."""
         unit = self.unit
-        if unit.dirty or unit.pinned or self._flushing:
+        if unit.dirty or unit.pinned:
             return unit.router.writer
         return self._reader
 
@@ -50,12 +52,25 @@ def _analyse(text):
 
 @event.listens_for(RoutingSession, 'before_flush')
 def _before_flush(session, flush_context, instances):
-    # Called only when the session has changes to flush.
+    # An attribute set to the value it had is in session.dirty, but its
+    # flush sends nothing: no write slot for it, and no pin.
+    changed = [o for o in session.dirty if session.is_modified(o)]
     tables = set()
-    for obj in (*session.new, *session.dirty, *session.deleted):
+    for obj in (*session.new, *changed, *session.deleted):
         for table in sa.inspect(obj).mapper.tables:
             tables.add(table.name.lower())
-    session.unit.begin_write(tables, _WHAT)
+    if tables:
+        session.unit.begin_write(tables, _WHAT)
+        session.info['dbtune_flush'] = perf_counter()
+
+
+@event.listens_for(RoutingSession, 'after_flush_postexec')
+def _after_flush(session, flush_context):
+    # The flush's time is the request's database and write time, as a
+    # writing SQL method's is (Server-Timing's db-write).
+    start = session.info.pop('dbtune_flush', None)
+    if start is not None:
+        session.unit.wrote_for(perf_counter() - start)
 
 
 @event.listens_for(RoutingSession, 'do_orm_execute')

@@ -148,6 +148,13 @@ class UnitOfWork:
             self.session_wrote(session)
         return fetch(result, method.max_rows)
 
+    def wrote_for(self, seconds):
+        """Count ``seconds`` of an ORM flush as the request's database and
+        write time, as a writing SQL method's are counted."""
+        context = self.request.dbtune
+        context.db_seconds += seconds
+        context.write_seconds += seconds
+
     def session_wrote(self, session):
         # Text DML is invisible to zope.sqlalchemy: without this the
         # transaction would be rolled back at commit time.
