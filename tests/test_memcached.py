@@ -632,3 +632,46 @@ def test_an_unknown_write_drops_the_process_copies(
     assert len(cache._memo) == 0
     answer = call(app, ('lagging', {'area': 'Headingley'}))
     assert answer['cache']['miss'] == 1 and cache.near_hits == 0
+
+
+def _entry_of(cell):
+    """A payload the codec's reader takes for an entry, ``cell`` its one
+    value: signed with the right secret, as another version could write."""
+    return (
+        '{"c":["x"],"r":[[' + cell + ']],"t":false,"g":[],"e":9e99}'
+    ).encode()
+
+
+@pytest.mark.parametrize(
+    'payload',
+    [
+        _entry_of('{"$d":"not a number"}'),  # decimal.InvalidOperation
+        _entry_of('{"$i":[1e10,0,0]}'),  # OverflowError
+        _entry_of('{"$D":"2026-13-45"}'),
+        _entry_of('{"$z":1}'),
+        _entry_of('{"$t":5}'),
+        _entry_of('{"$u":"xyz"}'),
+        b'{"c":5,"r":[],"t":false,"g":[],"e":0}',
+        b'[' * 100_000 + b']' * 100_000,  # RecursionError
+        b'\xff\xfe',
+    ],
+)
+def test_a_signed_entry_that_does_not_decode_is_a_miss(
+    sqlite_url, memcached, apps, caplog, payload
+):
+    app = apps(sqlite_url, [SEARCH], shared_settings(memcached))
+    cache = app.app.registry.dbtune.cache
+    call(app, ('search', {'area': 'Headingley'}))
+    prefix = app.app.registry.dbtune.methods['search'].key
+    name = cache.entry_key((prefix, ('Headingley',), (str,)))
+    client = Client(('127.0.0.1', memcached.port), default_noreply=False)
+    cache._memo.clear()
+    for _ in range(2):
+        client.set(name, cache._sign(name, payload))
+        # From the database, every time: 200, not a 500.
+        answer = call(app, ('search', {'area': 'Headingley'}))
+        assert rows_of(answer) == HEADINGLEY
+    assert cache.rejected == 2
+    said = [r for r in caplog.records if 'did not decode' in r.getMessage()]
+    assert len(said) == 1  # once, not once a read
+    client.close()

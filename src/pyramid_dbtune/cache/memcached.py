@@ -115,7 +115,7 @@ class MemcachedCache:
         #: Verified entries kept decoded in this process (and served from
         #: it, for reads that no write invalidates): at most this many.
         self.memo_size = settings.cache_max_entries
-        self._failing = False
+        self._failing = self._undecodable = False
         self.after_fork()
         forks.renew_after_fork(self)
 
@@ -326,8 +326,21 @@ class MemcachedCache:
             return None
         try:
             entry = decode(payload)
-        except (ValueError, KeyError, TypeError):
-            self.rejected += 1  # signed, but not ours to read: a bug
+        except Exception as exc:
+            # Signed, so written with the secret, but not ours to read:
+            # another version of the package, say. Whatever fails (a bad
+            # decimal, a date out of range, JSON nested too deep) is a
+            # miss, said once.
+            self.rejected += 1
+            if not self._undecodable:
+                self._undecodable = True
+                log.warning(
+                    'memcached: an entry signed with dbtune.cache.secret did '
+                    'not decode (%s: %s), read as a miss; was it written by '
+                    'another version of pyramid_dbtune?',
+                    exc.__class__.__name__,
+                    str(exc)[:200],
+                )
             return None
         with self._lock:
             self._memo[name] = (bytes(value[:_SIGNATURE]), entry)

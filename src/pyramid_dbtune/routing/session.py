@@ -84,6 +84,8 @@ def _do_orm_execute(state):
             return
     elif state.is_insert or state.is_update or state.is_delete:
         tables = {statement.table.name.lower()}
+    # SELECT ... FOR UPDATE: SQLAlchemy says so only in this private
+    # attribute of a Select (no public reader of with_for_update()).
     elif getattr(statement, '_for_update_arg', None) is not None:
         tables = set()  # a locking read: in the writing transaction
     else:
