@@ -13,6 +13,7 @@ from . import fastpath
 from . import settings as _settings
 from .ops import access, probes
 from .registry import DBTune
+from .routing import retry
 from .routing.errors import WriteInReadError, WriteSlotTimeout
 from .routing.request import RequestContext, SQLNamespace
 from .routing.session import RoutingSession, dbsession
@@ -152,6 +153,7 @@ def includeme(config):
         dashboard.install(config, dbtune)
     if parsed.probes:
         probes.install(config)
+    retry.install(config, parsed.retry_backoff, parsed.retry_max_backoff)
     if dbtune.views:
         access.add_route(config)
     # After every other action: overrides may only name registered methods,

@@ -339,6 +339,22 @@ TABLE = (
         ' a year.',
     ),
     Setting(
+        'retry.backoff',
+        as_seconds,
+        0.01,
+        'The longest wait before pyramid_retry runs a request again, at '
+        'first: each retry of a request waits a random time up to this, '
+        'doubled at each attempt (``0``: no wait), so that requests that '
+        'failed together (a serialization failure, a deadlock) do not '
+        'collide again, and none loses every attempt.',
+    ),
+    Setting(
+        'retry.max_backoff',
+        positive_seconds,
+        1,
+        'The longest wait before a retry, however many attempts came before.',
+    ),
+    Setting(
         'cache.backend',
         one_of('memory', 'memcached', 'none'),
         'memory',
