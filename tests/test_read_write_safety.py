@@ -1,5 +1,8 @@
-"""Cases a review found: each one once let a write go unseen, a stale row be
-served, or a caller hang. They stay as tests so that they cannot return."""
+"""Reads and writes told apart safely: a write taken for a read fails
+loudly, every write invalidates what it could change, a cache key keeps
+arguments of other types apart, and no fill outlives an invalidation.
+Each of these once let a write go unseen, a stale row be served, or a
+caller hang (found in review)."""
 
 import threading
 
