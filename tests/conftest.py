@@ -508,3 +508,29 @@ class Proxy:
                     end.shutdown(socket.SHUT_RDWR)
                 end.close()
             self._sockets = []
+
+
+@pytest.fixture
+def silent_server():
+    """A TCP port that accepts connections and never says a word: a
+    database that hangs."""
+    listener = socket.socket()
+    listener.bind(('127.0.0.1', 0))
+    listener.listen(16)
+    accepted = []
+    stop = threading.Event()
+
+    def accept():
+        listener.settimeout(0.1)
+        while not stop.is_set():
+            with contextlib.suppress(TimeoutError):
+                accepted.append(listener.accept()[0])
+
+    thread = threading.Thread(target=accept, daemon=True)
+    thread.start()
+    yield listener.getsockname()[1]
+    stop.set()
+    thread.join()
+    for connection in accepted:
+        connection.close()
+    listener.close()

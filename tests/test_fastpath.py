@@ -1,9 +1,7 @@
 """The fast path: the WSGI wrapper, the paste filter, the include-only
 form under pyramid_tm and pyramid_retry, and the deep health check."""
 
-import contextlib
 import functools
-import socket
 import threading
 
 import pytest
@@ -279,32 +277,6 @@ def test_deep_check_reports_a_refusing_database_as_503():
     app = deep_app('postgresql+psycopg://nobody@127.0.0.1:1/none', DEEP)
     response = app.get('/healthz', status=503)
     assert response.body == b'database unavailable: OperationalError\n'
-
-
-@pytest.fixture
-def silent_server():
-    """A TCP port that accepts connections and never says a word: a
-    database that hangs."""
-    listener = socket.socket()
-    listener.bind(('127.0.0.1', 0))
-    listener.listen(16)
-    accepted = []
-    stop = threading.Event()
-
-    def accept():
-        listener.settimeout(0.1)
-        while not stop.is_set():
-            with contextlib.suppress(TimeoutError):
-                accepted.append(listener.accept()[0])
-
-    thread = threading.Thread(target=accept, daemon=True)
-    thread.start()
-    yield listener.getsockname()[1]
-    stop.set()
-    thread.join()
-    for connection in accepted:
-        connection.close()
-    listener.close()
 
 
 def test_deep_check_answers_503_while_the_database_hangs(silent_server):

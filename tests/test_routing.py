@@ -1014,3 +1014,61 @@ def test_an_orm_write_counts_in_server_timing(sqlite_url):
     timing = app.get('/view').headers['Server-Timing']
     assert 'db-write;dur=' in timing, timing
     app.app.registry.dbtune.router.dispose()
+
+
+def test_a_replica_that_accepts_and_never_answers_is_down(
+    server_url, silent_server, apps
+):
+    # libpq and PyMySQL wait for good without a connect timeout: the
+    # request, and its thread, would hang. dbtune.connect_timeout bounds it,
+    # and the reads go to the writer.
+    url = sa.engine.make_url(server_url)
+    silent = url.set(host='127.0.0.1', port=silent_server, database='none')
+    settings = {
+        'dbtune.read_urls': silent.render_as_string(hide_password=False),
+        'dbtune.connect_timeout': '1',
+        # PyMySQL waits for the server's greeting under its read timeout.
+        'dbtune.statement_timeout': '1',
+    }
+    search = {
+        'name': 'search',
+        'sql': 'SELECT rent FROM property WHERE id = :id',
+        'cache_time': 0,
+    }
+    app = apps(server_url, [search], settings)
+    answers = []
+    reading = threading.Thread(
+        target=lambda: answers.extend(
+            call(app, ('search', {'id': 1})) for _ in range(5)
+        )
+    )
+    reading.start()
+    reading.join(120)  # a hang, not a slow answer, is what fails here
+    assert not reading.is_alive(), 'reads hung on the silent replica'
+    assert [a['results'][0]['rows'] for a in answers] == [[[90]]] * 5
+    assert app.app.registry.dbtune.router.failovers >= 1
+
+
+def test_a_statement_past_its_time_limit_is_stopped(server_url, apps):
+    sleep = 'pg_sleep' if server_url.startswith('postgresql') else 'SLEEP'
+    slow = {'name': 'slow', 'sql': f'SELECT {sleep}(3) AS x'}
+    app = apps(server_url, [slow], {'dbtune.statement_timeout': '0.5'})
+    with pytest.raises(sa.exc.OperationalError):
+        call(app, ('slow', {}))
+
+
+def test_a_time_limit_the_url_names_wins():
+    from pyramid_dbtune.routing.engines import connect_args
+
+    assert connect_args('sqlite://', 5, 30) == {}
+    assert connect_args('postgresql+psycopg://u@h/d', 0, 0) == {}
+    assert connect_args('postgresql+psycopg://u@h/d', 0.5, 0) == {
+        'connect_timeout': 2  # libpq's least
+    }
+    named = 'postgresql+psycopg://u@h/d?connect_timeout=9'
+    assert connect_args(named, 5, 0) == {}
+    options = 'postgresql+psycopg://u@h/d?options=-cstatement_timeout%3D9'
+    assert connect_args(options, 0, 30) == {}
+    assert connect_args('mysql+pymysql://u@h/d?read_timeout=9', 0, 30) == {
+        'write_timeout': 30.0
+    }

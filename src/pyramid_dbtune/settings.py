@@ -330,6 +330,24 @@ TABLE = (
         ' Service Unavailable``, having written nothing.',
     ),
     Setting(
+        'connect_timeout',
+        as_seconds,
+        5,
+        'Seconds a connection to the writer or a reader may take to open '
+        '(PostgreSQL counts whole seconds, 2 at the least; ``0``: no '
+        'bound). A reader that does not answer in time is down, and its '
+        'reads go to the writer; a ``connect_timeout`` in a URL wins.',
+    ),
+    Setting(
+        'statement_timeout',
+        as_seconds,
+        30,
+        'Seconds a statement may run (``0``: no bound): PostgreSQL stops it '
+        '(its ``statement_timeout``), PyMySQL gives up waiting for its '
+        'answer (``read_timeout``, which also bounds the wait for a '
+        "server's greeting). A ``statement_timeout`` the URL names wins.",
+    ),
+    Setting(
         'pin_after_write',
         pin_seconds,
         0,

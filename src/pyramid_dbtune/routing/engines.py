@@ -8,6 +8,7 @@ writer serves for a reader that is down.
 import functools
 import itertools
 import logging
+import math
 import threading
 from time import monotonic, perf_counter
 
@@ -55,7 +56,49 @@ def fetch(result, max_rows):
     return Rows(columns, data, truncated=truncated)
 
 
-def make_engine(url, **kw):
+#: How each driver is told to give up connecting, by its name, and how
+#: the seconds are given: libpq takes whole seconds, 2 at the least.
+_CONNECT_TIMEOUT = {
+    'psycopg': ('connect_timeout', lambda s: max(2, math.ceil(s))),
+    'psycopg2': ('connect_timeout', lambda s: max(2, math.ceil(s))),
+    'pymysql': ('connect_timeout', float),
+    'mysqldb': ('connect_timeout', lambda s: max(1, math.ceil(s))),
+    'oracledb': ('tcp_connect_timeout', float),
+}
+
+
+def connect_args(url, connect_timeout, statement_timeout=0):
+    """The driver's arguments that bound how long a connection may take
+    to open (``connect_timeout`` seconds) and a statement to run
+    (``statement_timeout``; 0: no bound). A database that accepts a
+    connection and never answers would otherwise hold the request, and a
+    thread, for good. A bound the URL names itself wins."""
+    url = make_url(url)
+    driver = url.get_driver_name()
+    args = {}
+    name, seconds = _CONNECT_TIMEOUT.get(driver, (None, None))
+    if connect_timeout and name is not None and name not in url.query:
+        args[name] = seconds(connect_timeout)
+    if statement_timeout and driver == 'pymysql':
+        # PyMySQL reads the server's greeting, and every answer, under its
+        # read_timeout: connect_timeout bounds only the TCP connect.
+        for name in ('read_timeout', 'write_timeout'):
+            if name not in url.query:
+                args[name] = float(statement_timeout)
+    elif statement_timeout and driver in ('psycopg', 'psycopg2'):
+        # The server's own limit, added to the URL's options (which the
+        # driver's arguments would otherwise replace).
+        limit = f'-c statement_timeout={math.ceil(statement_timeout * 1000)}'
+        options = url.query.get('options', '')
+        if 'statement_timeout' not in options:
+            args['options'] = f'{options} {limit}'.strip()
+    return args
+
+
+def make_engine(url, connect_timeout=0, statement_timeout=0, **kw):
+    args = connect_args(url, connect_timeout, statement_timeout)
+    if args:
+        kw['connect_args'] = args
     engine = create_engine(url, **kw)
     event.listen(engine, 'handle_error', mark_retryable)
     return engine
@@ -129,13 +172,16 @@ class Router:
 
     def __init__(self, settings):
         self.settings = settings
-        self.writer = make_engine(settings.url)
+        timeouts = (settings.connect_timeout, settings.statement_timeout)
+        self.writer = make_engine(settings.url, *timeouts)
         # Cache keys name the database read, never its password; replicas
         # hold the writer's data, so the writer names them all.
         self.key = make_url(settings.url).render_as_string(hide_password=True)
         urls = settings.read_urls or (settings.url,)
         self.readers = [
-            ReadEngine(make_engine(url, pool_size=settings.read_pool_size))
+            ReadEngine(
+                make_engine(url, *timeouts, pool_size=settings.read_pool_size)
+            )
             for url in urls
         ]
         for reader in self.readers:
