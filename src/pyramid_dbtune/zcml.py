@@ -23,7 +23,7 @@ from zope.configuration.fields import Path
 from zope.interface import Interface
 from zope.schema import Float, Int, Text, TextLine
 
-from .settings import Invalid, as_bool
+from .convert import Invalid, as_bool
 from .sql.method import SQLMethod
 from .sql.zsql import load_file
 

@@ -29,8 +29,8 @@ or calls them from hooks of its own.
 import os
 
 from .. import fastpath
+from ..convert import whole_number
 from ..ops import probes
-from ..settings import whole_number
 from . import forks
 
 __all__ = ['child_exit', 'post_fork', 'post_worker_init', 'when_ready']

@@ -15,7 +15,7 @@ from pyramid.exceptions import ConfigurationError
 from pyramid.response import Response
 from pyramid.tweens import INGRESS
 
-from ..settings import whole_number
+from ..convert import whole_number
 from . import access
 from .profiler import Profiler
 from .stats import Stats

@@ -32,7 +32,7 @@ import time
 
 from pyramid.httpexceptions import HTTPBadRequest
 
-from ..settings import whole_number
+from ..convert import whole_number
 from ..sql.method import SQLMethod
 from . import access
 

@@ -19,7 +19,7 @@ from time import perf_counter
 import transaction.interfaces
 from zope.sqlalchemy import mark_changed, register
 
-from ..settings import whole_number
+from ..convert import whole_number
 from .engines import fetch
 from .errors import (
     WriteSlotTimeout,

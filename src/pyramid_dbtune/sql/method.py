@@ -16,7 +16,7 @@ from pathlib import Path
 
 from sqlalchemy import bindparam, text
 
-from ..settings import as_bool
+from ..convert import as_bool
 from . import analysis
 from .analysis import ANY_TABLE
 
