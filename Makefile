@@ -6,7 +6,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 DEMO_INI := examples/accommodation/development.ini
 
-.PHONY: demo test lint format docs buildout bench-cache bench-fastpath bench-rwsplit bench-memcached bench-overhead bench-threads bench clean
+.PHONY: demo test lint format docs buildout bench-cache bench-fastpath bench-rwsplit bench-memcached bench-overhead bench-retries bench-threads bench clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -63,6 +63,10 @@ bench-memcached: $(VENV)/.testing
 
 bench-overhead: $(VENV)/.testing
 	$(BIN)/python benchmarks/bench_overhead.py
+
+# Retries under contention on PostgreSQL, back-off on and off.
+bench-retries: $(VENV)/.testing
+	$(BIN)/python benchmarks/stress_retries.py
 
 # The headline figure: the accommodation site before and after, on the
 # PostgreSQL server of DBTUNE_TEST_POSTGRESQL; installs wrk and memcached

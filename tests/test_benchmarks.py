@@ -131,3 +131,9 @@ def test_headline_refuses_rounds_it_cannot_run():
             assert done.returncode == 2
             assert 'a whole number, 1 or more' in done.stderr
             assert 'Traceback' not in done.stderr
+
+
+def test_stress_retries():
+    out = run('stress_retries.py')
+    assert 'write_concurrency 4, back-off off' in out
+    assert '(target: met)' in out
