@@ -661,3 +661,28 @@ def test_a_signed_entry_that_does_not_decode_is_a_miss(
     said = [r for r in caplog.records if 'did not decode' in r.getMessage()]
     assert len(said) == 1  # once, not once a read
     client.close()
+
+
+def test_large_arguments_are_not_kept_by_the_key_memo(
+    sqlite_url, memcached, apps
+):
+    """150 cached reads whose argument is 1 MB each: the memcached backend
+    keeps at most 4 MB more than before them (its memo of keys would
+    keep every argument)."""
+    import gc
+    import tracemalloc
+
+    settings = shared_settings(memcached, **{'dbtune.cache.max_bytes': '1MiB'})
+    app = apps(sqlite_url, [SEARCH], settings)
+    call(app, ('search', {'area': 'x' * 10**6}))  # warm: compile, pools
+    gc.collect()
+    tracemalloc.start()
+    try:
+        before = tracemalloc.get_traced_memory()[0]
+        for i in range(150):
+            call(app, ('search', {'area': f'{i:03}' + 'x' * 10**6}))
+        gc.collect()
+        kept = tracemalloc.get_traced_memory()[0] - before
+    finally:
+        tracemalloc.stop()
+    assert kept <= 4 * 2**20, f'{kept / 2**20:.1f} MiB kept'

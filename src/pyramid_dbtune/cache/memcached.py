@@ -35,7 +35,7 @@ from ..deploy import forks
 from ..sql.analysis import ANY_TABLE
 from . import MAX_EXPIRY
 from .codec import Unencodable, decode, encode
-from .memory import HIT, MISS, STALE, WAITED
+from .memory import HIT, MISS, STALE, WAITED, key_size
 
 log = logging.getLogger(__name__)
 
@@ -45,6 +45,8 @@ _SIGNATURE = 32  # bytes of HMAC-SHA256
 _EPOCH = '\0all'  # the generation that invalidating everything bumps
 _LOCK_TIME = 5  # seconds a fill lock lives, if its holder dies
 _MEMO_SIZE = 512
+#: The largest cache key whose memcached name is remembered.
+_MEMO_KEY_BYTES = 4096
 #: How long a miss waits, then again, for another process's fill: 0.5 s.
 _WAITS = (0.001, 0.002, 0.004, 0.008, 0.016, *[0.025] * 18, 0.019)
 _FAILED = object()  # what a call that memcached failed returns
@@ -149,9 +151,13 @@ class MemcachedCache:
         the same in every process."""
         name = self._names.get(key)
         if name is None:
-            name = self._names[key] = self._hash_key(key)
-            if len(self._names) > _MEMO_SIZE * 8:
-                self._names.clear()
+            name = self._hash_key(key)
+            # Remembered for small keys only: a call with big arguments
+            # would keep them alive here, outside dbtune.cache.max_bytes.
+            if key_size(key) <= _MEMO_KEY_BYTES:
+                if len(self._names) >= _MEMO_SIZE * 8:
+                    self._names.clear()
+                self._names[key] = name
         return name
 
     def _hash_key(self, key):

@@ -37,10 +37,15 @@ def _deep_size(value):
     return size
 
 
+def key_size(key):
+    """Roughly how many bytes a cache key holds: the call's arguments."""
+    return sum(_deep_size(part) for part in key)
+
+
 def estimate_size(key, value):
     """Roughly how many bytes an entry holds in memory: its ``key`` (the
     arguments of the call within it) and ``value`` (a :class:`Rows`)."""
-    size = _ENTRY_OVERHEAD + sum(_deep_size(part) for part in key)
+    size = _ENTRY_OVERHEAD + key_size(key)
     getsizeof = sys.getsizeof
     for record in value:
         size += _ROW_OVERHEAD
