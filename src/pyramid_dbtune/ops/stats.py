@@ -39,7 +39,7 @@ import os
 import threading
 import time
 from collections import deque
-from time import monotonic, perf_counter, process_time, thread_time
+from time import perf_counter, process_time, thread_time
 
 from pyramid_retry import is_error_retryable
 
@@ -51,6 +51,9 @@ from .metrics import (
     DATABASE,
     RECENT,
     Route,
+    cache_counters,
+    cache_size,
+    database_figures,
     make_metrics,
     samples,
 )
@@ -69,12 +72,6 @@ NO_ROUTE = '(no route)'
 #: together under :data:`OTHER_ROUTES`.
 MAX_ROUTES = 500
 OTHER_ROUTES = '(other routes)'
-#: The cache's counters, as the backends name them.
-CACHE_COUNTERS = (
-    'hits', 'misses', 'stale', 'waited', 'evictions', 'invalidations',
-    'errors', 'rejected', 'too_big', 'discarded', 'unencodable',
-    'near_hits',
-)  # fmt: skip
 
 
 def percentile(ordered, fraction):
@@ -231,7 +228,7 @@ class Stats:
             last = self._last_tick
             if last is not None:
                 window, self.window = self.window, deque(maxlen=RECENT)
-            cpu, cache = process_time(), self._cache()
+            cpu, cache = process_time(), cache_counters(self.dbtune.cache)
             # The first point counts from the start, as its window does.
             served = 0 if last is None else self._served()
             self._last_tick = (now, cpu, cache, served)
@@ -281,10 +278,10 @@ class Stats:
                 route.queries.inc(queries)
                 route.db_seconds.inc(seconds)
         self._carry(metrics['cpu'], process_time())
-        for event, value in self._cache().items():
+        for event, value in cache_counters(self.dbtune.cache).items():
             self._carry(metrics['cache'].labels(event=event), value)
         metrics['in_flight'].set(self.in_flight())
-        database = self._database()
+        database = database_figures(self.dbtune.router)
         for role, figures in database.get('roles', {}).items():
             self._carry(metrics['reads'].labels(role=role), figures['reads'])
             for state in ('in_use', 'idle'):
@@ -302,42 +299,6 @@ class Stats:
         if grown > 0:
             counter.inc(grown)
             self._carried[counter] = value
-
-    def _cache(self):
-        cache = self.dbtune.cache
-        return {
-            name: getattr(cache, name)
-            for name in CACHE_COUNTERS
-            if hasattr(cache, name)
-        } or {'hits': 0, 'misses': 0}
-
-    def _database(self):
-        router = self.dbtune.router
-        if router is None:
-            return {}
-        roles = {
-            'writer': {
-                'url': router.key,
-                'reads': router.writer_reads,
-                'writes': router.writes,
-                **_pool(router.writer.pool),
-            }
-        }
-        for i, reader in enumerate(router.readers):
-            roles[f'reader{i}'] = {
-                'url': reader.name,
-                'reads': reader.reads,
-                'in_flight': reader.in_flight,
-                'down': reader.down_until > monotonic(),
-                **_pool(reader.engine.pool),
-            }
-        return {
-            'roles': roles,
-            'write_transactions': router.write_transactions,
-            'failovers': router.failovers,
-            'write_waits': router.write_waits,
-            'write_wait_seconds': router.write_wait_seconds,
-        }
 
     def in_flight(self):
         """Requests running now, but the operator's views."""
@@ -401,7 +362,7 @@ class Stats:
 
         cpu_wall = kind('wall')
         recent = [p['cpu_ratio'] for p in list(self.history)[-RECENT_CPU:]]
-        cache = self._cache()
+        cache = cache_counters(self.dbtune.cache)
         looked = cache['hits'] + cache['misses']
         return {
             'pid': os.getpid(),
@@ -427,9 +388,9 @@ class Stats:
                 'backend': self.dbtune.settings.cache_backend,
                 'hit_ratio': _ratio(cache['hits'], looked),
                 **cache,
-                **_cache_size(self.dbtune.cache),
+                **cache_size(self.dbtune.cache),
             },
-            'database': self._database(),
+            'database': database_figures(self.dbtune.router),
             'history': list(self.history),
         }
 
@@ -452,21 +413,3 @@ class Stats:
 
 def _ratio(part, whole):
     return round(part / whole, 4) if whole else None
-
-
-def _pool(pool):
-    """How busy a SQLAlchemy pool is, when its class says (QueuePool)."""
-    if not hasattr(pool, 'checkedout'):
-        return {}
-    return {
-        'pool_size': pool.size(),
-        'in_use': pool.checkedout(),
-        'idle': pool.checkedin(),
-        'overflow': max(0, pool.overflow()),
-    }
-
-
-def _cache_size(cache):
-    if not hasattr(cache, 'bytes'):
-        return {}
-    return {'entries': len(cache), 'bytes': cache.bytes}
