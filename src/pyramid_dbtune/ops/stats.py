@@ -9,9 +9,11 @@ counters, the pools and the process's CPU time are carried into the same
 metrics at most once a :data:`TICK` and whenever somebody asks. Several
 processes (gunicorn) share them through prometheus_client's multiprocess
 mode: with ``PROMETHEUS_MULTIPROC_DIR`` set, each process's values live in
-prometheus_client's files there, ``/_dbtune/metrics`` adds up every
-process's, and the gunicorn hook ``child_exit`` tells prometheus_client
-when a worker is gone (``mark_process_dead``).
+prometheus_client's files there, a thread of each process carries its
+counters there once a :data:`TICK` (so that an idle process's are as
+true as a busy one's), ``/_dbtune/metrics`` adds up every process's, and
+the gunicorn hook ``child_exit`` tells prometheus_client when a worker is
+gone (``mark_process_dead``).
 
 The parallelism figures answer "am I threading?":
 
@@ -38,6 +40,7 @@ import contextlib
 import os
 import threading
 import time
+import weakref
 from collections import deque
 from time import perf_counter, process_time, thread_time
 
@@ -107,13 +110,20 @@ class Stats:
         self.active = active
         self.multiprocess_dir = multiprocess_dir
         self._lock = threading.Lock()
+        #: held while the figures are carried into the metrics, so that two
+        #: threads do not both add what grew
+        self._carrying = threading.Lock()
+        #: the pid whose carrier thread runs (several processes)
+        self._carrier = None
         self.reset()
         forks.renew_after_fork(self)
 
     def after_fork(self):
-        """In a forked child: a new lock, metrics of its own, and no
-        request running (the parent's threads are not here)."""
+        """In a forked child: new locks, metrics of its own, and no
+        request running (the parent's threads are not here, its carrier
+        thread neither: the first tick starts one)."""
         self._lock = threading.Lock()
+        self._carrying = threading.Lock()
         self.active.clear()
         self.reset()
 
@@ -127,7 +137,6 @@ class Stats:
             #: route name -> :class:`Route` (``None``: not counted)
             self.routes = {}
             self.peak_in_flight = 0
-            self._in_flight_shown = 0
             self.started = (time.time(), perf_counter(), process_time())
             self.history = deque(maxlen=HISTORY)
             #: the latencies of the chart's current point (the last ones)
@@ -147,14 +156,8 @@ class Stats:
         answers is), nor are the operator's own views. ``cpu_start`` is its
         thread's CPU clock at its start, read on 1 request in
         :data:`CPU_EVERY`, else None."""
-        running = len(self.active)
-        if running > self.peak_in_flight:
+        if len(self.active) > self.peak_in_flight:
             self._note_peak()
-        if running - 1 != self._in_flight_shown:
-            # Those left running once this one is done: kept as they
-            # change, so that a process's last word on it is true.
-            self._in_flight_shown = running - 1
-            self.metrics['in_flight'].set(running - 1)
         state = request.__dict__
         if raised is None:
             raised = state.get('exception')  # an exception view's answer
@@ -233,8 +236,16 @@ class Stats:
             served = 0 if last is None else self._served()
             self._last_tick = (now, cpu, cache, served)
             self.next_tick = now + TICK
+            # One carrier thread per process (a forked child starts its own).
+            carrier = self.multiprocess_dir is not None and (
+                self._carrier != os.getpid()
+            )
+            if carrier:
+                self._carrier = os.getpid()
         finally:
             self._lock.release()
+        if carrier:
+            _start_carrier(self)
         self.carry()
         if last is None:
             return
@@ -266,6 +277,10 @@ class Stats:
     def carry(self):
         """Bring the metrics up to date with what the cache and the router
         count, the pools, the requests in flight and the process's CPU."""
+        with self._carrying:
+            self._carry_all()
+
+    def _carry_all(self):
         metrics = self.metrics
         for route in list(self.routes.values()):
             if route is not None and route.pending:
@@ -409,6 +424,30 @@ class Stats:
         every = CollectorRegistry()
         multiprocess.MultiProcessCollector(every, path=self.multiprocess_dir)
         return generate_latest(every), CONTENT_TYPE_LATEST
+
+
+def _start_carrier(stats):
+    """With ``PROMETHEUS_MULTIPROC_DIR``: a thread of this process carries
+    the figures of ``stats`` into prometheus_client's files once a
+    :data:`TICK` while the process (and ``stats``) lives, so that a scrape
+    that another process answers finds this one's at most a tick old,
+    whether it serves or idles. Never a request's thread."""
+    threading.Thread(
+        target=_carry_every_tick,
+        args=(weakref.ref(stats),),
+        name='dbtune-stats-carry',
+        daemon=True,
+    ).start()
+
+
+def _carry_every_tick(ref):
+    while True:
+        stats = ref()
+        if stats is None:
+            return  # its app is gone
+        stats.carry()
+        del stats
+        time.sleep(TICK)
 
 
 def _ratio(part, whole):
