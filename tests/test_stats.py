@@ -1,6 +1,7 @@
 """The timing tween, Server-Timing, and the figures of /_dbtune/stats and
 /_dbtune/metrics, driven through WebTest and real threads."""
 
+import gc
 import json
 import os
 import subprocess
@@ -9,6 +10,7 @@ import threading
 import time
 
 import pytest
+from prometheus_client import CollectorRegistry, multiprocess
 from prometheus_client.parser import text_string_to_metric_families
 from pyramid.config import Configurator
 from pyramid.exceptions import ConfigurationError
@@ -25,6 +27,9 @@ TOKEN = 'a-token-of-16-chars-or-more'
 AUTH = {access.HEADER: TOKEN}
 TWEEN = 'pyramid_dbtune.ops.tween.timing_tween_factory'
 ON = {'dbtune.stats': 'true', 'dbtune.stats.token': TOKEN}
+#: The name of the thread that carries a process's figures (several
+#: processes).
+CARRIER = 'dbtune-stats-carry'
 
 
 def tween_names(app):
@@ -627,10 +632,12 @@ from pyramid.config import Configurator
 
 def hello(request):
     time.sleep(0.05)
+    request.sql.one()
     return {'pid': os.getpid()}
 
 with Configurator(settings=%r) as config:
     config.include('pyramid_dbtune')
+    config.add_sql_method('one', 'SELECT 1 AS one')
     config.add_route('hello', '/hello')
     config.add_view(hello, route_name='hello', renderer='json')
     application = config.make_wsgi_app()
@@ -641,7 +648,10 @@ def test_metrics_add_up_gunicorn_workers(tmp_path):
     import socket
     import urllib.request
 
-    (tmp_path / 'statsapp.py').write_text(GUNICORN_APP % ON)
+    url = f'sqlite:///{tmp_path / "app.sqlite"}'
+    (tmp_path / 'statsapp.py').write_text(
+        GUNICORN_APP % {**ON, 'dbtune.url': url}
+    )
     metrics_dir = tmp_path / 'metrics'
     metrics_dir.mkdir()
     with socket.socket() as s:
@@ -697,6 +707,23 @@ def test_metrics_add_up_gunicorn_workers(tmp_path):
                 thread.join()
         assert len(pids) == 2  # both workers served
 
+        def queries():
+            every = CollectorRegistry()
+            multiprocess.MultiProcessCollector(every, path=metrics_dir)
+            return sum(
+                sample.value
+                for family in every.collect()
+                for sample in family.samples
+                if sample.name == 'dbtune_route_queries_total'
+            )
+
+        # Each worker carries its figures into prometheus_client's files
+        # on its own, idle or not: no request nor scrape reaches it now.
+        deadline = time.monotonic() + 20
+        while queries() != len(served) and time.monotonic() < deadline:
+            time.sleep(0.2)
+        assert queries() == len(served)
+
         total, text = 0, ''
         deadline = time.monotonic() + 20
         while time.monotonic() < deadline and not (
@@ -751,6 +778,7 @@ def test_every_process_is_added_up_and_a_dead_one_leaves_gauges(
     from pyramid_dbtune.deploy.gunicorn import child_exit
 
     monkeypatch.setenv('PROMETHEUS_MULTIPROC_DIR', str(tmp_path))
+    monkeypatch.setattr(stats, 'TICK', 0.05)
     done = subprocess.run(
         [sys.executable, '-c', CHILD % ON],
         capture_output=True, text=True, timeout=120,
@@ -772,3 +800,16 @@ def test_every_process_is_added_up_and_a_dead_one_leaves_gauges(
     files = {p.name for p in tmp_path.iterdir()}
     assert f'gauge_livesum_{child}.db' not in files
     assert f'histogram_{child}.db' in files  # its requests still count
+
+    # Its first request started this process's carrier thread, which ends
+    # with its app.
+    def carriers():
+        return [t for t in threading.enumerate() if t.name == CARRIER]
+
+    assert len(carriers()) == 1
+    del app, config
+    gc.collect()
+    deadline = time.monotonic() + 10
+    while carriers():
+        assert time.monotonic() < deadline
+        time.sleep(0.05)

@@ -1,9 +1,12 @@
-"""The metrics of :mod:`.stats`, as prometheus_client's own types: one
-histogram of latencies and a few counters per route, the process's and the
-cache's and router's counters, in a registry of the application's.
+"""The metrics of :mod:`.stats`, as prometheus_client's own types, and
+the readers of what the cache and the router count.
+
+One histogram of latencies and a few counters per route, the process's
+and the cache's and router's counters, in a registry of the application's.
 """
 
 from collections import deque
+from time import monotonic
 
 BUCKETS = (
     0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05,
@@ -17,6 +20,12 @@ CPU_EVERY = 64
 #: Latencies kept per route for its percentiles, and for a point of the
 #: chart (the last of its interval).
 RECENT = 1000
+#: The cache's counters, as the backends name them.
+CACHE_COUNTERS = (
+    'hits', 'misses', 'stale', 'waited', 'evictions', 'invalidations',
+    'errors', 'rejected', 'too_big', 'discarded', 'unencodable',
+    'near_hits',
+)  # fmt: skip
 #: The router's counters: metric name, help, and its attribute.
 DATABASE = (
     ('dbtune_db_writes', 'Writing SQL method calls', 'writes'),
@@ -122,3 +131,61 @@ def samples(*metrics):
         for family in metric.collect()
         for sample in family.samples
     }
+
+
+def cache_counters(cache):
+    """``{name: count}`` of what ``cache`` counts, of
+    :data:`CACHE_COUNTERS` (hits and misses at least)."""
+    return {
+        name: getattr(cache, name)
+        for name in CACHE_COUNTERS
+        if hasattr(cache, name)
+    } or {'hits': 0, 'misses': 0}
+
+
+def database_figures(router):
+    """What ``router`` counts, by role and in all; ``{}`` for none."""
+    if router is None:
+        return {}
+    roles = {
+        'writer': {
+            'url': router.key,
+            'reads': router.writer_reads,
+            'writes': router.writes,
+            **_pool(router.writer.pool),
+        }
+    }
+    for i, reader in enumerate(router.readers):
+        roles[f'reader{i}'] = {
+            'url': reader.name,
+            'reads': reader.reads,
+            'in_flight': reader.in_flight,
+            'down': reader.down_until > monotonic(),
+            **_pool(reader.engine.pool),
+        }
+    return {
+        'roles': roles,
+        'write_transactions': router.write_transactions,
+        'failovers': router.failovers,
+        'write_waits': router.write_waits,
+        'write_wait_seconds': router.write_wait_seconds,
+    }
+
+
+def _pool(pool):
+    """How busy a SQLAlchemy pool is, when its class says (QueuePool)."""
+    if not hasattr(pool, 'checkedout'):
+        return {}
+    return {
+        'pool_size': pool.size(),
+        'in_use': pool.checkedout(),
+        'idle': pool.checkedin(),
+        'overflow': max(0, pool.overflow()),
+    }
+
+
+def cache_size(cache):
+    """The entries and bytes a cache in memory holds; ``{}`` for others."""
+    if not hasattr(cache, 'bytes'):
+        return {}
+    return {'entries': len(cache), 'bytes': cache.bytes}

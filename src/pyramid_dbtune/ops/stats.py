@@ -9,9 +9,11 @@ counters, the pools and the process's CPU time are carried into the same
 metrics at most once a :data:`TICK` and whenever somebody asks. Several
 processes (gunicorn) share them through prometheus_client's multiprocess
 mode: with ``PROMETHEUS_MULTIPROC_DIR`` set, each process's values live in
-prometheus_client's files there, ``/_dbtune/metrics`` adds up every
-process's, and the gunicorn hook ``child_exit`` tells prometheus_client
-when a worker is gone (``mark_process_dead``).
+prometheus_client's files there, a thread of each process carries its
+counters there once a :data:`TICK` (so that an idle process's are as
+true as a busy one's), ``/_dbtune/metrics`` adds up every process's, and
+the gunicorn hook ``child_exit`` tells prometheus_client when a worker is
+gone (``mark_process_dead``).
 
 The parallelism figures answer "am I threading?":
 
@@ -38,8 +40,9 @@ import contextlib
 import os
 import threading
 import time
+import weakref
 from collections import deque
-from time import monotonic, perf_counter, process_time, thread_time
+from time import perf_counter, process_time, thread_time
 
 from pyramid_retry import is_error_retryable
 
@@ -51,6 +54,9 @@ from .metrics import (
     DATABASE,
     RECENT,
     Route,
+    cache_counters,
+    cache_size,
+    database_figures,
     make_metrics,
     samples,
 )
@@ -69,12 +75,6 @@ NO_ROUTE = '(no route)'
 #: together under :data:`OTHER_ROUTES`.
 MAX_ROUTES = 500
 OTHER_ROUTES = '(other routes)'
-#: The cache's counters, as the backends name them.
-CACHE_COUNTERS = (
-    'hits', 'misses', 'stale', 'waited', 'evictions', 'invalidations',
-    'errors', 'rejected', 'too_big', 'discarded', 'unencodable',
-    'near_hits',
-)  # fmt: skip
 
 
 def percentile(ordered, fraction):
@@ -110,13 +110,20 @@ class Stats:
         self.active = active
         self.multiprocess_dir = multiprocess_dir
         self._lock = threading.Lock()
+        #: held while the figures are carried into the metrics, so that two
+        #: threads do not both add what grew
+        self._carrying = threading.Lock()
+        #: the pid whose carrier thread runs (several processes)
+        self._carrier = None
         self.reset()
         forks.renew_after_fork(self)
 
     def after_fork(self):
-        """In a forked child: a new lock, metrics of its own, and no
-        request running (the parent's threads are not here)."""
+        """In a forked child: new locks, metrics of its own, and no
+        request running (the parent's threads are not here, its carrier
+        thread neither: the first tick starts one)."""
         self._lock = threading.Lock()
+        self._carrying = threading.Lock()
         self.active.clear()
         self.reset()
 
@@ -130,7 +137,6 @@ class Stats:
             #: route name -> :class:`Route` (``None``: not counted)
             self.routes = {}
             self.peak_in_flight = 0
-            self._in_flight_shown = 0
             self.started = (time.time(), perf_counter(), process_time())
             self.history = deque(maxlen=HISTORY)
             #: the latencies of the chart's current point (the last ones)
@@ -150,14 +156,8 @@ class Stats:
         answers is), nor are the operator's own views. ``cpu_start`` is its
         thread's CPU clock at its start, read on 1 request in
         :data:`CPU_EVERY`, else None."""
-        running = len(self.active)
-        if running > self.peak_in_flight:
+        if len(self.active) > self.peak_in_flight:
             self._note_peak()
-        if running - 1 != self._in_flight_shown:
-            # Those left running once this one is done: kept as they
-            # change, so that a process's last word on it is true.
-            self._in_flight_shown = running - 1
-            self.metrics['in_flight'].set(running - 1)
         state = request.__dict__
         if raised is None:
             raised = state.get('exception')  # an exception view's answer
@@ -231,13 +231,21 @@ class Stats:
             last = self._last_tick
             if last is not None:
                 window, self.window = self.window, deque(maxlen=RECENT)
-            cpu, cache = process_time(), self._cache()
+            cpu, cache = process_time(), cache_counters(self.dbtune.cache)
             # The first point counts from the start, as its window does.
             served = 0 if last is None else self._served()
             self._last_tick = (now, cpu, cache, served)
             self.next_tick = now + TICK
+            # One carrier thread per process (a forked child starts its own).
+            carrier = self.multiprocess_dir is not None and (
+                self._carrier != os.getpid()
+            )
+            if carrier:
+                self._carrier = os.getpid()
         finally:
             self._lock.release()
+        if carrier:
+            _start_carrier(self)
         self.carry()
         if last is None:
             return
@@ -269,6 +277,10 @@ class Stats:
     def carry(self):
         """Bring the metrics up to date with what the cache and the router
         count, the pools, the requests in flight and the process's CPU."""
+        with self._carrying:
+            self._carry_all()
+
+    def _carry_all(self):
         metrics = self.metrics
         for route in list(self.routes.values()):
             if route is not None and route.pending:
@@ -281,10 +293,10 @@ class Stats:
                 route.queries.inc(queries)
                 route.db_seconds.inc(seconds)
         self._carry(metrics['cpu'], process_time())
-        for event, value in self._cache().items():
+        for event, value in cache_counters(self.dbtune.cache).items():
             self._carry(metrics['cache'].labels(event=event), value)
         metrics['in_flight'].set(self.in_flight())
-        database = self._database()
+        database = database_figures(self.dbtune.router)
         for role, figures in database.get('roles', {}).items():
             self._carry(metrics['reads'].labels(role=role), figures['reads'])
             for state in ('in_use', 'idle'):
@@ -302,42 +314,6 @@ class Stats:
         if grown > 0:
             counter.inc(grown)
             self._carried[counter] = value
-
-    def _cache(self):
-        cache = self.dbtune.cache
-        return {
-            name: getattr(cache, name)
-            for name in CACHE_COUNTERS
-            if hasattr(cache, name)
-        } or {'hits': 0, 'misses': 0}
-
-    def _database(self):
-        router = self.dbtune.router
-        if router is None:
-            return {}
-        roles = {
-            'writer': {
-                'url': router.key,
-                'reads': router.writer_reads,
-                'writes': router.writes,
-                **_pool(router.writer.pool),
-            }
-        }
-        for i, reader in enumerate(router.readers):
-            roles[f'reader{i}'] = {
-                'url': reader.name,
-                'reads': reader.reads,
-                'in_flight': reader.in_flight,
-                'down': reader.down_until > monotonic(),
-                **_pool(reader.engine.pool),
-            }
-        return {
-            'roles': roles,
-            'write_transactions': router.write_transactions,
-            'failovers': router.failovers,
-            'write_waits': router.write_waits,
-            'write_wait_seconds': router.write_wait_seconds,
-        }
 
     def in_flight(self):
         """Requests running now, but the operator's views."""
@@ -401,7 +377,7 @@ class Stats:
 
         cpu_wall = kind('wall')
         recent = [p['cpu_ratio'] for p in list(self.history)[-RECENT_CPU:]]
-        cache = self._cache()
+        cache = cache_counters(self.dbtune.cache)
         looked = cache['hits'] + cache['misses']
         return {
             'pid': os.getpid(),
@@ -427,9 +403,9 @@ class Stats:
                 'backend': self.dbtune.settings.cache_backend,
                 'hit_ratio': _ratio(cache['hits'], looked),
                 **cache,
-                **_cache_size(self.dbtune.cache),
+                **cache_size(self.dbtune.cache),
             },
-            'database': self._database(),
+            'database': database_figures(self.dbtune.router),
             'history': list(self.history),
         }
 
@@ -450,23 +426,29 @@ class Stats:
         return generate_latest(every), CONTENT_TYPE_LATEST
 
 
+def _start_carrier(stats):
+    """With ``PROMETHEUS_MULTIPROC_DIR``: a thread of this process carries
+    the figures of ``stats`` into prometheus_client's files once a
+    :data:`TICK` while the process (and ``stats``) lives, so that a scrape
+    that another process answers finds this one's at most a tick old,
+    whether it serves or idles. Never a request's thread."""
+    threading.Thread(
+        target=_carry_every_tick,
+        args=(weakref.ref(stats),),
+        name='dbtune-stats-carry',
+        daemon=True,
+    ).start()
+
+
+def _carry_every_tick(ref):
+    while True:
+        stats = ref()
+        if stats is None:
+            return  # its app is gone
+        stats.carry()
+        del stats
+        time.sleep(TICK)
+
+
 def _ratio(part, whole):
     return round(part / whole, 4) if whole else None
-
-
-def _pool(pool):
-    """How busy a SQLAlchemy pool is, when its class says (QueuePool)."""
-    if not hasattr(pool, 'checkedout'):
-        return {}
-    return {
-        'pool_size': pool.size(),
-        'in_use': pool.checkedout(),
-        'idle': pool.checkedin(),
-        'overflow': max(0, pool.overflow()),
-    }
-
-
-def _cache_size(cache):
-    if not hasattr(cache, 'bytes'):
-        return {}
-    return {'entries': len(cache), 'bytes': cache.bytes}
