@@ -136,11 +136,7 @@ class MemcachedCache:
         self._names = {}
         self._generation_keys = {}
         self._table_keys = {}
-        self._routes = {}
-        self._live = ()
-        #: When the set of live servers must be looked at again: at once,
-        #: after a failure; else when the first set aside is due back.
-        self._recheck = 0.0
+        self._reroute()
 
     # Keys
 
@@ -253,28 +249,27 @@ class MemcachedCache:
             self._reroute()
         server = self._routes.get(name)
         if server is None:
-            live = self._live
+            ring, live = self._ring
             if not live:
                 return None
-            address = self._ring.get_node(name)
-            server = next(s for s in live if repr(s) == address)
+            server = live[ring.get_node(name)]
             if len(self._routes) > _MEMO_SIZE * 8:
                 self._routes.clear()
             self._routes[name] = server
         return server
 
     def _reroute(self):
-        """Route anew among the servers not set aside: after a failure,
-        or when one set aside is due back, so seldom."""
+        """Route among the servers not set aside; look again after a
+        failure, or when the first one set aside is due back."""
         now = time.monotonic()
         servers = self.by_address.values()
-        live = self._live = tuple(s for s in servers if s.down_until <= now)
+        live = {repr(s): s for s in servers if s.down_until <= now}
         self._routes = {}
-        self._ring = RendezvousHash([repr(s) for s in live])
-        self._recheck = min(
-            (s.down_until for s in servers if s.down_until > now),
-            default=float('inf'),
-        )
+        # The ring and its servers in one attribute: a thread that reads
+        # them while another reroutes gets the old pair or the new one.
+        self._ring = (RendezvousHash(list(live)), live)
+        aside = [s.down_until for s in servers if s.down_until > now]
+        self._recheck = min(aside, default=float('inf'))
 
     def _on(self, server, default, method, *args, **kw):
         """Run ``method`` (a name) of ``server``'s client, failures as
