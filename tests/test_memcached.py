@@ -275,7 +275,9 @@ def test_waiting_for_another_process_fill(sqlite_url, memcached, apps):
     # Another process holds the fill lock, and stores its rows soon.
     other = Client(('127.0.0.1', memcached.port), default_noreply=False)
     other.add(lock, b'1', expire=5)
-    generations = cache._generations(cache._server(name), ['t'], {})
+    generations = cache._generations(
+        cache._server(name), cache._tables(['t'])[0], {}
+    )
 
     def store_soon():
         time.sleep(0.1)
@@ -423,7 +425,8 @@ def test_generations_cannot_be_told_without_a_server(
     sqlite_url, memcached, apps
 ):
     app = apps(sqlite_url, [], shared_settings(memcached))
-    assert app.app.registry.dbtune.cache._generations(None, ['t'], {}) is None
+    cache = app.app.registry.dbtune.cache
+    assert cache._generations(None, cache._tables(['t'])[0], {}) is None
 
 
 def test_the_memo_is_bounded(sqlite_url, memcached, apps):

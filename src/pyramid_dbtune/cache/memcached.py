@@ -28,7 +28,6 @@ from concurrent.futures import Future
 
 from pymemcache.client.base import Client
 from pymemcache.client.rendezvous import RendezvousHash
-from pymemcache.client.retrying import RetryingClient
 from pymemcache.exceptions import MemcacheUnexpectedCloseError
 
 from ..deploy import forks
@@ -56,7 +55,8 @@ _FAILED = object()  # what a call that memcached failed returns
 #: such a server is set aside for a while (as HashClient does).
 _UNREACHABLE = (OSError, MemcacheUnexpectedCloseError)
 #: A kept connection found closed (memcached restarted, or something
-#: between reset it): asked once more, on a new one.
+#: between reset it): asked once more, on a new one; not by RetryingClient,
+#: whose ``__getattr__`` and lambda cost ~1.5 us on every call.
 _CLOSED = (ConnectionResetError, BrokenPipeError, MemcacheUnexpectedCloseError)
 
 
@@ -83,9 +83,7 @@ class Server:
     def client(self):
         client = getattr(self.local, 'client', None)
         if client is None:
-            client = self.local.client = RetryingClient(
-                Client(self.address, **self.options), retry_for=_CLOSED
-            )
+            client = self.local.client = Client(self.address, **self.options)
         return client
 
 
@@ -138,8 +136,7 @@ class MemcachedCache:
         self._names = {}
         self._generation_keys = {}
         self._table_keys = {}
-        self._routes = {}
-        self._live = None
+        self._reroute()
 
     # Keys
 
@@ -204,11 +201,16 @@ class MemcachedCache:
         ``default``: logged once while they last, and an unreachable
         server set aside for ``dbtune.cache.dead_retry`` seconds."""
         try:
-            result = getattr(server.client(), method)(*args, **kw)
+            call = getattr(server.client(), method)
+            try:
+                result = call(*args, **kw)
+            except _CLOSED:  # the client closed it: this call opens anew
+                result = call(*args, **kw)
         except Exception as exc:
             self.errors += 1
             if isinstance(exc, _UNREACHABLE):
                 server.down_until = time.monotonic() + self._timeouts[2]
+                self._recheck = 0.0  # the live servers have changed
             if not self._failing:
                 self._failing = True
                 log.warning(
@@ -243,24 +245,31 @@ class MemcachedCache:
         or None. Remembered while the set of those stays the same: the
         rendezvous hash is pure Python, and costs more than the rest of a
         hit."""
-        now = time.monotonic()
-        live = tuple(
-            s for s in self.by_address.values() if s.down_until <= now
-        )
-        if live != self._live:
-            self._routes = {}
-            self._ring = RendezvousHash([repr(s) for s in live])
-            self._live = live
+        if time.monotonic() >= self._recheck:
+            self._reroute()
         server = self._routes.get(name)
         if server is None:
+            ring, live = self._ring
             if not live:
                 return None
-            address = self._ring.get_node(name)
-            server = next(s for s in live if repr(s) == address)
+            server = live[ring.get_node(name)]
             if len(self._routes) > _MEMO_SIZE * 8:
                 self._routes.clear()
             self._routes[name] = server
         return server
+
+    def _reroute(self):
+        """Route among the servers not set aside; look again after a
+        failure, or when the first one set aside is due back."""
+        now = time.monotonic()
+        servers = self.by_address.values()
+        live = {repr(s): s for s in servers if s.down_until <= now}
+        self._routes = {}
+        # The ring and its servers in one attribute: a thread that reads
+        # them while another reroutes gets the old pair or the new one.
+        self._ring = (RendezvousHash(list(live)), live)
+        aside = [s.down_until for s in servers if s.down_until > now]
+        self._recheck = min(aside, default=float('inf'))
 
     def _on(self, server, default, method, *args, **kw):
         """Run ``method`` (a name) of ``server``'s client, failures as
@@ -268,7 +277,7 @@ class MemcachedCache:
         bumped first."""
         if server is None:
             return default
-        if server.address in self._missed:
+        if self._missed and server.address in self._missed:
             epoch = self._generation_key(_EPOCH)
             if self._call(server, None, 'incr', epoch, 1) is None:
                 return default
@@ -278,26 +287,26 @@ class MemcachedCache:
     # Reading
 
     def _tables(self, tables):
-        """``tables`` in order, and the keys of their generations and the
-        epoch: the same for every call of a method, so remembered."""
+        """``(table, key)`` of ``tables`` in order and the epoch, and the
+        keys alone: the same for every call of a method, so remembered."""
         if not isinstance(tables, frozenset):
             tables = frozenset(tables)
         known = self._table_keys.get(tables)
         if known is None:
-            ordered = sorted(tables)
-            keys = [self._generation_key(t) for t in (*ordered, _EPOCH)]
-            known = self._table_keys[tables] = (ordered, keys)
+            ordered = (*sorted(tables), _EPOCH)
+            pairs = tuple((t, self._generation_key(t)) for t in ordered)
+            known = self._table_keys[tables] = (pairs, [k for _, k in pairs])
             if len(self._table_keys) > _MEMO_SIZE:
                 self._table_keys.clear()
         return known
 
     def _generations(self, server, tables, got):
-        """The current generation of each table (and the epoch) on
-        ``server``, from a ``get_many`` answer, seeding those it has not
-        got; None if it cannot tell."""
+        """The current generation on ``server`` of each of ``tables`` (as
+        :meth:`_tables` gives them) from a ``get_many`` answer, seeding
+        those it has not got; None if it cannot tell."""
         generations = {}
-        for table in (*tables, _EPOCH):
-            raw = got.get(self._generation_key(table))
+        for table, key in tables:
+            raw = got.get(key)
             if raw is None:
                 raw = self._seed(server, table)
                 if raw is None:
