@@ -534,3 +534,23 @@ def silent_server():
     for connection in accepted:
         connection.close()
     listener.close()
+
+
+def kept_by_large_calls(app, calls=150):
+    """Bytes the process keeps after ``calls`` cached reads of the app's
+    ``search`` whose argument is 1 MB each (tracemalloc, after a warm-up
+    call and a collection)."""
+    import gc
+    import tracemalloc
+
+    call(app, ('search', {'area': 'x' * 10**6}))  # warm: compile, pools
+    gc.collect()
+    tracemalloc.start()
+    try:
+        before = tracemalloc.get_traced_memory()[0]
+        for i in range(calls):
+            call(app, ('search', {'area': f'{i:03}' + 'x' * 10**6}))
+        gc.collect()
+        return tracemalloc.get_traced_memory()[0] - before
+    finally:
+        tracemalloc.stop()

@@ -672,20 +672,8 @@ def test_large_arguments_are_not_kept_by_the_key_memo(
     """150 cached reads whose argument is 1 MB each: the memcached backend
     keeps at most 4 MB more than before them (its memo of keys would
     keep every argument)."""
-    import gc
-    import tracemalloc
+    from conftest import kept_by_large_calls
 
     settings = shared_settings(memcached, **{'dbtune.cache.max_bytes': '1MiB'})
-    app = apps(sqlite_url, [SEARCH], settings)
-    call(app, ('search', {'area': 'x' * 10**6}))  # warm: compile, pools
-    gc.collect()
-    tracemalloc.start()
-    try:
-        before = tracemalloc.get_traced_memory()[0]
-        for i in range(150):
-            call(app, ('search', {'area': f'{i:03}' + 'x' * 10**6}))
-        gc.collect()
-        kept = tracemalloc.get_traced_memory()[0] - before
-    finally:
-        tracemalloc.stop()
+    kept = kept_by_large_calls(apps(sqlite_url, [SEARCH], settings))
     assert kept <= 4 * 2**20, f'{kept / 2**20:.1f} MiB kept'

@@ -229,21 +229,8 @@ def test_key_size_counts_the_arguments():
 def test_large_arguments_do_not_outgrow_max_bytes(apps, sqlite_url):
     """150 cached reads whose argument is 1 MB each, under max_bytes = 1MiB:
     the process keeps at most 4 MB more than before them."""
-    import gc
-    import tracemalloc
-
-    from conftest import SEARCH, call
+    from conftest import SEARCH, kept_by_large_calls
 
     app = apps(sqlite_url, [SEARCH], {'dbtune.cache.max_bytes': '1MiB'})
-    call(app, ('search', {'area': 'x' * 10**6}))  # warm: compile, pools
-    gc.collect()
-    tracemalloc.start()
-    try:
-        before = tracemalloc.get_traced_memory()[0]
-        for i in range(150):
-            call(app, ('search', {'area': f'{i:03}' + 'x' * 10**6}))
-        gc.collect()
-        kept = tracemalloc.get_traced_memory()[0] - before
-    finally:
-        tracemalloc.stop()
+    kept = kept_by_large_calls(app)
     assert kept <= 4 * 2**20, f'{kept / 2**20:.1f} MiB kept'
