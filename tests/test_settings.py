@@ -151,6 +151,8 @@ def test_routing_settings():
         ('dbtune.pin_after_write', '-5', 'a number of seconds, 0 or more'),
         # Its cookie's expiry must be a date: a 500 after the commit, else.
         ('dbtune.pin_after_write', '1e12', 'at most 31536000 (a year)'),
+        ('dbtune.statement_timeout', '1e7', 'to 2147483 (24 days)'),
+        ('dbtune.connect_timeout', 'soon', '0 (no limit)'),
     ],
 )
 def test_bad_routing_settings(key, value, accepted):

@@ -196,6 +196,23 @@ def as_seconds(value):
 MAX_PIN = 365 * 24 * 3600
 
 
+#: The longest time limit: PostgreSQL's statement_timeout is a 32-bit
+#: count of milliseconds, and a larger one fails every connection.
+MAX_LIMIT = (2**31 - 1) // 1000
+
+
+def limit_seconds(value):
+    """A time limit in seconds, from 0 (none) to :data:`MAX_LIMIT`."""
+    seconds = None
+    with contextlib.suppress(Invalid):
+        seconds = as_seconds(value)
+    if seconds is None or seconds > MAX_LIMIT:
+        raise Invalid(
+            f'a number of seconds, 0 (no limit) to {MAX_LIMIT} (24 days)'
+        )
+    return seconds
+
+
 def pin_seconds(value):
     """A number of seconds from 0 to :data:`MAX_PIN` (a year)."""
     seconds = None

@@ -26,6 +26,7 @@ from .convert import (
     as_token,
     as_url,
     as_urls,
+    limit_seconds,
     one_of,
     per_second,
     pin_seconds,
@@ -89,12 +90,12 @@ TABLE = (
     Setting('write_timeout', positive_seconds, 10, doc=(
         'Seconds a request waits for a write slot before it is answered ``503 '
         'Service Unavailable``, having written nothing.')),
-    Setting('connect_timeout', as_seconds, 5, doc=(
+    Setting('connect_timeout', limit_seconds, 5, doc=(
         'Seconds a connection to the writer or a reader may take to open '
         '(PostgreSQL counts whole seconds, 2 at the least; ``0``: no bound). '
         'A reader that does not answer in time is down, and its reads go to '
         'the writer; a ``connect_timeout`` in a URL wins.')),
-    Setting('statement_timeout', as_seconds, 30, doc=(
+    Setting('statement_timeout', limit_seconds, 30, doc=(
         'Seconds a statement may run (``0``: no bound): PostgreSQL stops it '
         '(its ``statement_timeout``), PyMySQL gives up waiting for its answer '
         "(``read_timeout``, which also bounds the wait for a server's "
