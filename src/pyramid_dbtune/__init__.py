@@ -13,10 +13,10 @@ from . import fastpath
 from . import settings as _settings
 from .ops import access, probes
 from .registry import DBTune
-from .routing import retry
+from .routing import retry, session
 from .routing.errors import WriteInReadError, WriteSlotTimeout
 from .routing.request import RequestContext, SQLNamespace
-from .routing.session import RoutingSession, dbsession
+from .routing.session import RoutingSession
 from .sql import zsql
 from .sql.method import SQLFileError, SQLMethod
 from .sql.rows import Record, Rows
@@ -144,7 +144,6 @@ def includeme(config):
     config.add_directive('add_sql_methods', add_sql_methods)
     config.add_request_method(RequestContext, 'dbtune', reify=True)
     config.add_request_method(SQLNamespace, 'sql', reify=True)
-    config.add_request_method(dbsession, 'dbsession', reify=True)
     if parsed.fast_paths:
         fastpath.install(config, parsed.fast_paths)
     if parsed.server_timing or parsed.stats or parsed.profile:
@@ -154,6 +153,9 @@ def includeme(config):
     if parsed.probes:
         probes.install(config)
     retry.install(config, parsed.retry_backoff, parsed.retry_max_backoff)
+    if parsed.dbsession:
+        # After the application's actions: it may add its own.
+        config.action(None, session.provide, args=(config.registry,), order=1)
     if dbtune.views:
         access.add_route(config)
     # After every other action: overrides may only name registered methods,

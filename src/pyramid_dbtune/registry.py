@@ -47,6 +47,8 @@ class DBTune:
         self.stats = self.profiler = self.active = None
         #: the paths of the ``/_dbtune/`` views, under ``/_dbtune/``
         self.views = []
+        #: True where ``request.dbsession`` is the application's, adopted
+        self.adopts = False
 
     def cache_time(self, method):
         """The seconds ``method``'s rows are kept, settings applied."""

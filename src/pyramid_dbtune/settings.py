@@ -105,6 +105,10 @@ TABLE = (
         'the writer (a ``dbtune_pin`` cookie), and that reads of the tables '
         'written are filled from the writer, to ride out replica lag. At most '
         'a year.')),
+    Setting('dbsession', as_bool, True, doc=(
+        'Whether ``request.dbsession`` is routed: the package\'s own, or the '
+        "application's where it adds one (it is adopted). ``false`` leaves "
+        '``request.dbsession`` to the application.')),
     Setting('retry.backoff', as_seconds, 0.01, doc=(
         'The longest wait before pyramid_retry runs a request again, at '
         'first: each retry of a request waits a random time up to this, '

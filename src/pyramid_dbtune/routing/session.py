@@ -14,35 +14,30 @@ import functools
 from time import perf_counter
 
 import sqlalchemy as sa
+from pyramid.decorator import reify
+from pyramid.exceptions import ConfigurationError
+from pyramid.interfaces import IRequestExtensions
 from sqlalchemy import event
 from sqlalchemy.orm import Session
 from sqlalchemy.sql.elements import TextClause
 
 from ..sql import analysis
+from .work import UNIT
 
 _WHAT = 'request.dbsession'
 
 
 class RoutingSession(Session):
-    """A session whose reads go to a reader until its unit of work writes.
+    """The package's own ``request.dbsession``: a session whose reads go to
+    a reader until its unit of work writes (:meth:`UnitOfWork.adopt
+    <pyramid_dbtune.routing.work.UnitOfWork.adopt>`).
 
     It is not two-phase: a reader is never asked to prepare a commit.
     """
 
     def __init__(self, unit, **kw):
-        self.unit = unit
-        router = unit.router
-        self._reader = router.writer if unit.pinned else router.reader_engine()
         super().__init__(**kw)
-
-    def get_bind(self, mapper=None, clause=None, **kw):
-        """The writer once the transaction has written (a flush that
-        writes has, as it starts), or while the client is pinned, else this
-        session's reader."""
-        unit = self.unit
-        if unit.dirty or unit.pinned:
-            return unit.router.writer
-        return self._reader
+        unit.adopt(self)
 
 
 @functools.lru_cache(maxsize=1024)
@@ -50,8 +45,14 @@ def _analyse(text):
     return analysis.analyse(text)
 
 
-@event.listens_for(RoutingSession, 'before_flush')
+# On every session, so that an application's own ``request.dbsession``,
+# adopted, is routed as the package's is; a session no unit adopted has no
+# ``UNIT`` in its ``info`` and is left alone.
+@event.listens_for(Session, 'before_flush')
 def _before_flush(session, flush_context, instances):
+    unit = session.info.get(UNIT)
+    if unit is None:
+        return
     # An attribute set to the value it had is in session.dirty, but its
     # flush sends nothing: no write slot for it, and no pin.
     changed = [o for o in session.dirty if session.is_modified(o)]
@@ -60,23 +61,24 @@ def _before_flush(session, flush_context, instances):
         for table in sa.inspect(obj).mapper.tables:
             tables.add(table.name.lower())
     if tables:
-        session.unit.begin_write(tables, _WHAT)
+        unit.begin_write(tables, _WHAT)
         session.info['dbtune_flush'] = perf_counter()
 
 
-@event.listens_for(RoutingSession, 'after_flush_postexec')
+@event.listens_for(Session, 'after_flush_postexec')
 def _after_flush(session, flush_context):
     # The flush's time is the request's database and write time, as a
     # writing SQL method's is (Server-Timing's db-write).
     start = session.info.pop('dbtune_flush', None)
     if start is not None:
-        session.unit.wrote_for(perf_counter() - start)
+        session.info[UNIT].wrote_for(perf_counter() - start)
 
 
-@event.listens_for(RoutingSession, 'do_orm_execute')
+@event.listens_for(Session, 'do_orm_execute')
 def _do_orm_execute(state):
-    if state.execution_options.get('dbtune_routed'):
-        return  # a SQL method: routed already
+    unit = state.session.info.get(UNIT)
+    if unit is None or state.execution_options.get('dbtune_routed'):
+        return  # not adopted, or a SQL method: routed already
     statement = state.statement
     if isinstance(statement, TextClause):
         writes, tables = _analyse(statement.text)
@@ -90,12 +92,61 @@ def _do_orm_execute(state):
         tables = set()  # a locking read: in the writing transaction
     else:
         return
-    session = state.session
-    session.unit.begin_write(tables, _WHAT)
-    session.unit.session_wrote(session)
+    unit.begin_write(tables, _WHAT)
+    unit.session_wrote(state.session)
 
 
 def dbsession(request):
     """The :class:`RoutingSession` of the request's transaction, joined to
     ``request.tm`` (a subrequest in that transaction shares it)."""
     return request.dbtune.unit.session
+
+
+def provide(registry):
+    """Give requests ``request.dbsession``: the application's own, adopted,
+    where it adds one (as Pyramid's starter does), else the package's.
+
+    An action run after the application's own (order 0), so that its
+    ``request.dbsession`` is there to be seen: in ``descriptors`` of
+    :class:`pyramid.interfaces.IRequestExtensions`, documented as the
+    properties added to each request.
+    """
+    extensions = registry.getUtility(IRequestExtensions)
+    own = extensions.descriptors.get('dbsession')
+    if own is None and 'dbsession' in extensions.methods:
+        raise ConfigurationError(
+            'the application adds request.dbsession as a method, not a '
+            'property, and pyramid_dbtune can only route a property: set '
+            'dbtune.dbsession = false to leave it alone'
+        )
+    if own is not None:
+        registry.dbtune.adopts = True
+    extensions.descriptors['dbsession'] = reify(
+        dbsession if own is None else _adopting(own)
+    )
+
+
+def _adopting(own):
+    def dbsession(request):
+        session = own.__get__(request, type(request))
+        unit = request.dbtune.unit
+        writer = unit.router.writer.url
+        bind = getattr(session, 'bind', None)
+        if not (isinstance(session, Session) and _same_database(bind, writer)):
+            raise RuntimeError(
+                f"the application's request.dbsession ({session!r}) is not "
+                'a SQLAlchemy session bound to the database of dbtune.url '
+                f'({writer!r}), so pyramid_dbtune cannot route it: set '
+                'dbtune.dbsession = false to leave it alone'
+            )
+        unit.adopt(session)
+        return session
+
+    return dbsession
+
+
+def _same_database(engine, url):
+    def where(url):
+        return url.get_backend_name(), url.host, url.port, url.database
+
+    return engine is not None and where(engine.url) == where(url)

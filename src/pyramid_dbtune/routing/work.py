@@ -30,6 +30,9 @@ log = logging.getLogger(__name__)
 #: The name of the cookie that pins a client to the writer after a write.
 PIN_COOKIE = 'dbtune_pin'
 
+#: The key of a routed session's ``info`` that holds its unit of work.
+UNIT = 'dbtune.unit'
+
 
 class UnitOfWork:
     """The writing side of a transaction: its write slot, its session, what
@@ -49,7 +52,7 @@ class UnitOfWork:
         #: True when reads must go to the writer (pinned after a write).
         self.pinned = False
         self.write_wait = 0.0
-        self._session = None
+        self._session = self._reader = None
         self._tables = set()
         self._all_tables = False
         self._committed_writes = False
@@ -73,13 +76,39 @@ class UnitOfWork:
 
     @property
     def session(self):
-        """The :class:`~pyramid_dbtune.RoutingSession` of this unit."""
+        """The session of this unit: the application's own
+        ``request.dbsession`` where it has one, else a
+        :class:`~pyramid_dbtune.RoutingSession`."""
         if self._session is None:
-            from .session import RoutingSession
+            if self.request.registry.dbtune.adopts:
+                return self.request.dbsession  # adopted as it is made
+            else:
+                from .session import RoutingSession
 
-            self._session = RoutingSession(self)
-            register(self._session, transaction_manager=self.request.tm)
+                register(
+                    RoutingSession(self), transaction_manager=self.request.tm
+                )
         return self._session
+
+    def adopt(self, session):
+        """Route ``session`` as this unit's own: its reads run on a reader
+        until the unit writes, its flushes that change rows take the write
+        slot, and their tables are invalidated when the transaction
+        commits. It must join ``request.tm`` (zope.sqlalchemy's
+        ``register``)."""
+        self._session = session
+        self._reader = (
+            self.router.writer if self.pinned else self.router.reader_engine()
+        )
+        session.info[UNIT] = self
+        session.bind = self._engine()
+
+    def _engine(self):
+        # A session's engine: the writer once its transaction has written,
+        # or while the client is pinned, else its reader.
+        return (
+            self.router.writer if self.dirty or self.pinned else self._reader
+        )
 
     def flush(self):
         """Flush the session's pending changes, as an ORM query would,
@@ -112,6 +141,8 @@ class UnitOfWork:
             txn.addAfterAbortHook(self._finish)
             self.request.add_finished_callback(self._release_at_the_end)
             self._let_go_of_the_reader()
+            if self._session is not None:
+                self._session.bind = self.router.writer
         if tables is None:
             self._all_tables = True
         else:
@@ -191,6 +222,8 @@ class UnitOfWork:
         if self.dirty:
             self.dirty = False
             self.router.write_slots.release()
+            if self._session is not None:
+                self._session.bind = self._engine()
         self._tables = set()
         self._all_tables = False
 

@@ -1,0 +1,1 @@
+UPDATE models SET value = :value WHERE name = :name

@@ -1,0 +1,150 @@
+"""An application laid out as Pyramid's cookiecutter starter (its
+SQLAlchemy backend, ``tests/starter_app``), with pyramid_dbtune included by
+ini lines only: its own ``request.dbsession`` is adopted and routed."""
+
+from pathlib import Path
+
+import pytest
+import sqlalchemy as sa
+from pyramid.config import Configurator
+from pyramid.exceptions import ConfigurationExecutionError
+from pyramid.paster import get_app
+from webtest import TestApp
+
+from conftest import query_log
+
+STARTER = Path(__file__).parent / 'starter_app'
+
+INI = """\
+[app:main]
+use = call:starter:main
+sqlalchemy.url = {url}
+pyramid.includes = pyramid_dbtune
+"""
+
+
+@pytest.fixture
+def starter(postgresql_url, tmp_path, monkeypatch):
+    """Make the starter app from an ini file, as ``pserve`` would, with
+    its table made and one row in it."""
+    monkeypatch.syspath_prepend(str(STARTER))
+    from starter.models import MyModel
+    from starter.models.meta import Base
+
+    engine = sa.create_engine(postgresql_url)
+    Base.metadata.create_all(engine)
+    with engine.begin() as connection:
+        connection.execute(sa.insert(MyModel).values(name='one', value=1))
+    engine.dispose()
+
+    def make(*lines):
+        ini = tmp_path / 'development.ini'
+        url = postgresql_url.replace('%', '%%')  # ini files interpolate %
+        ini.write_text(INI.format(url=url) + ''.join(f'{x}\n' for x in lines))
+        app = TestApp(get_app(str(ini)))
+        return app, query_log(app)
+
+    return make
+
+
+def test_reads_before_a_write_run_on_a_reader(starter):
+    app, log = starter()
+    assert app.get('/').json == {'name': 'one', 'value': 1}
+    assert log.count('FROM models', 'reader0') == 1
+    assert log.count('FROM models', 'writer') == 0
+
+
+def test_an_orm_write_invalidates_a_cached_sql_method(starter):
+    app, log = starter()
+    assert app.get('/price').json == {'value': 1}
+    assert app.get('/price').json == {'value': 1}
+    assert log.count('SELECT value FROM models') == 1  # cached
+
+    assert app.get('/rename', {'value': 5}).json == {'value': 5}
+    # The ORM read before the write ran on a reader, the UPDATE on the
+    # writer, and the commit dropped the method's cached rows.
+    assert log.count('FROM models', 'reader0') == 2
+    assert log.count('UPDATE models', 'writer') == 1
+    assert app.get('/price').json == {'value': 5}
+    assert log.count('SELECT value FROM models') == 2
+
+
+def test_an_aborted_orm_write_invalidates_nothing(starter):
+    app, log = starter()
+    assert app.get('/price').json == {'value': 1}
+    assert app.get('/rename', {'value': 7, 'abort': 1}).json == {'value': 7}
+    assert log.count('UPDATE models', 'writer') == 1
+    assert app.get('/price').json == {'value': 1}
+    assert log.count('SELECT value FROM models') == 1
+    assert app.get('/').json['value'] == 1
+
+
+def test_sql_methods_write_in_the_apps_session(starter):
+    app, log = starter()
+    assert app.get('/price').json == {'value': 1}
+    # The ORM read after the method's write sees it: one transaction, on
+    # the writer.
+    assert app.get('/bump', {'value': 9}).json == {'value': 9}
+    assert log.count('UPDATE models', 'writer') == 1
+    assert log.count('FROM models', 'writer') == 1
+    assert app.get('/price').json == {'value': 9}
+
+
+def test_dbsession_false_leaves_the_apps_session_alone(starter):
+    app, log = starter('dbtune.dbsession = false')
+    assert app.get('/price').json == {'value': 1}
+    assert app.get('/rename', {'value': 5}).json == {'value': 5}
+    # The app's session ran on its own engine, unrouted, and invalidated
+    # nothing: the method's rows are those it cached.
+    assert log.count('FROM models') == 1
+    assert app.get('/price').json == {'value': 1}
+
+
+def _app_with_dbsession(url, add):
+    config = Configurator(settings={'dbtune.url': url})
+    config.include('pyramid_dbtune')
+    add(config)
+    config.add_route('home', '/')
+    config.add_view(
+        lambda request: {'bind': str(request.dbsession.bind.url)},
+        route_name='home',
+        renderer='json',
+    )
+    return config
+
+
+def test_a_dbsession_method_is_a_start_up_error(sqlite_url):
+    config = _app_with_dbsession(
+        sqlite_url,
+        lambda config: config.add_request_method(
+            lambda request: None, 'dbsession'
+        ),
+    )
+    with pytest.raises(ConfigurationExecutionError) as caught:
+        config.commit()
+    assert 'request.dbsession as a method' in str(caught.value)
+    assert 'dbtune.dbsession = false' in str(caught.value)
+
+
+def test_a_session_of_another_database_is_not_adopted(sqlite_url, tmp_path):
+    other = sa.create_engine(f'sqlite:///{tmp_path / "other.sqlite"}')
+
+    def add(config):
+        config.add_request_method(
+            lambda request: sa.orm.Session(bind=other), 'dbsession', reify=True
+        )
+
+    config = _app_with_dbsession(sqlite_url, add)
+    config.add_sql_method('make', 'CREATE TABLE made (id INTEGER)')
+    config.add_route('write', '/write')
+    config.add_view(lambda request: request.sql.make(), route_name='write')
+    app = TestApp(config.make_wsgi_app())
+    with pytest.raises(RuntimeError, match='dbtune.dbsession = false'):
+        app.get('/')
+    # A SQL method's write needs the session: the same error, and the
+    # write slot it took is free again.
+    for _ in range(2):
+        with pytest.raises(RuntimeError, match='dbtune.dbsession = false'):
+            app.get('/write')
+    assert app.app.registry.dbtune.router.write_slots.acquire(timeout=0)
+    other.dispose()
