@@ -11,6 +11,7 @@ everything never does. Off CI, a machine too busy for CPU readings skips.
 import contextlib
 import logging
 import os
+import re
 import signal
 import sys
 import time
@@ -26,7 +27,7 @@ from pyramid.config import Configurator
 
 from pyramid_dbtune import fastpath
 from pyramid_dbtune import gunicorn as name_shim
-from pyramid_dbtune.deploy import forks, threadcheck
+from pyramid_dbtune.deploy import cli, forks, threadcheck
 from pyramid_dbtune.deploy import gunicorn as config_module
 from pyramid_dbtune.ops import probes
 
@@ -415,6 +416,27 @@ def test_two_workers_run_cpu_work_in_parallel(gunicorn):
     assert len(report['probes']['cpu']['served']) == 2
     assert report['capacity']['processes'] == 2
     assert not report['far_below']
+
+
+@pytest.mark.parametrize('flags', [(), ('--workers', '1', '--threads', '8')])
+def test_waits_run_as_the_server_claims(gunicorn, flags, capsys):
+    # With the package's own settings (a worker a core, 4 threads each),
+    # the 8 requests of a round fell unevenly between the workers, and
+    # the busier one queued them: "4.1 of 8 ... something serialises".
+    # Twice as many probes, judged on the server's clocks, read 8.
+    workers = 1 if flags else config_module.default_workers()
+    url = gunicorn(*flags, workers=workers)
+    for _ in range(ATTEMPTS):
+        status = cli.main(['threadcheck', url, '--probes', 'io', '--duration',
+                           '1', '--ms', '40', '--token', TOKEN])  # fmt: skip
+        out = capsys.readouterr().out
+        if status == 0 and re.search(
+            r'^I/O: (7\.[5-9]|8\.0) of 8 in parallel', out, re.M
+        ):
+            break
+    assert status == 0, out
+    assert re.search(r'^I/O: (7\.[5-9]|8\.0) of 8 in parallel', out, re.M), out
+    assert out.count(' at once)') == workers, out
 
 
 def test_two_workers_that_take_turns_are_far_below(gunicorn, tmp_path):

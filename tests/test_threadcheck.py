@@ -332,39 +332,73 @@ def test_progress_bar_on_a_terminal():
 
 
 def answers(probe, count, **fields):
+    """``count`` answers of ``probe``, in their views together."""
+    seconds = fields.get('seconds', 0.01)
     return [
-        {'probe': probe, 'ms': 10, 'seconds': 0.01, 'cpu_seconds': 0.01,
-         'pid': 1, 'thread': i, 'claims': claims(), **fields}
+        {'probe': probe, 'ms': 10, 'seconds': seconds, 'cpu_seconds': 0.01,
+         'began': 100, 'ended': 100 + seconds, 'pid': 1, 'thread': i,
+         'claims': claims(), **fields}
         for i in range(count)
     ]  # fmt: skip
 
 
-def test_parallelism_leaves_out_the_fixed_cost_of_requests():
-    # 8 waits of 10 ms at once, each request costing 5 ms more (HTTP,
-    # Pyramid, the client) one at a time: the round takes 10 + 8 × 5 ms,
-    # and a round of requests that do no work 8 × 5 ms.
+def test_parallelism_is_read_on_the_servers_clocks():
+    # 8 waits of 10 ms at once, in views together: however long the round
+    # took on the client's clock (HTTP, Pyramid, the client's threads).
+    # Their time in the views beyond the wait (the GIL after it) counts
+    # against them.
     result = threadcheck.Measurement('io', 8, 'seconds')
     for _ in range(3):
         result.single.append(0.015)
         result.alone += answers('io', 1)
         result.rounds.append(0.050)
-        result.answers += answers('io', 8, seconds=0.02)  # GIL waits count
-        result.baseline.append(0.040)
-    assert result.parallelism == pytest.approx(8)  # N × 15 / 50 = 2.4
+        result.answers += answers('io', 8, seconds=0.0125)
+    assert result.parallelism == pytest.approx(8 * 0.8)
     assert result.as_dict()['work_ms'] == 80  # the waits asked for
-    # 8 CPU bursts of 10 ms one at a time: 80 ms beyond the fixed cost.
+    # 8 CPU bursts of 10 ms in one process's views together, taking
+    # turns for the GIL: whichever ended first.
     result = threadcheck.Measurement('cpu', 8, 'cpu_seconds')
     for _ in range(3):
         result.single.append(0.015)
         result.alone += answers('cpu', 1)
         result.rounds.append(0.120)
-        result.answers += answers('cpu', 8, seconds=0.08)
-        result.baseline.append(0.040)
-    assert result.parallelism == pytest.approx(1)  # not 8 × 15 / 120 = 1
-    # The alone request got half a core: so did the round's.
-    result.alone = answers('cpu', 3, seconds=0.02)
-    assert result.parallelism == pytest.approx(2)
+        result.answers += [
+            {**a, 'seconds': i * 0.01, 'ended': 100 + i * 0.01}
+            for i, a in enumerate(answers('cpu', 8), start=1)
+        ]
+    assert result.parallelism == pytest.approx(1)
     assert result.raw_parallelism == pytest.approx(1)
+
+
+def test_each_process_is_judged_on_its_own():
+    # Two processes of 4 threads sent 8 waits each: one runs them 4 at a
+    # time, the other one at a time (a lock of its own). Together they
+    # read 5 of 8, which is not far below; the second process is.
+    result = threadcheck.Measurement('io', 8, 'seconds', sent=16)
+    for _ in range(3):
+        result.answers += [
+            {
+                **a,
+                'pid': 1,
+                'began': i // 4 * 0.05,
+                'ended': i // 4 * 0.05 + 0.05,
+            }
+            for i, a in enumerate(answers('io', 8, ms=50, seconds=0.05))
+        ] + [
+            {**a, 'pid': 2, 'began': i * 0.05, 'ended': i * 0.05 + 0.05}
+            for i, a in enumerate(answers('io', 8, ms=50, seconds=0.05))
+        ]
+    assert result.parallelism == pytest.approx(5)
+    assert result.processes == {1: (4, 8), 2: (1, 8)}
+    capacity = Capacity(2, 4, 2, claims())
+    assert not judge('io', result.parallelism, capacity, 8)[1]
+    assert threadcheck.judge_processes(result.processes, capacity, 8) == [
+        'I/O in process 2: 1.0 of the 4 it had threads and requests for — '
+        'something in that process serialises requests that only wait (a '
+        'lock)'
+    ]
+    # A process sent fewer requests than it has threads is judged on them.
+    assert threadcheck.judge_processes({1: (1.9, 2)}, capacity, 8) == []
 
 
 def test_parallelism_is_at_most_the_requests_seen_at_once():
@@ -375,7 +409,6 @@ def test_parallelism_is_at_most_the_requests_seen_at_once():
     result = threadcheck.Measurement('io', 8, 'seconds')
     for _ in range(3):
         result.rounds.append(1.5)
-        result.baseline.append(1.4)
         result.answers += [
             {**a, 'began': 100 + i * 0.1, 'ended': 100 + i * 0.1 + 0.05}
             for i, a in enumerate(answers('io', 8, ms=50))
@@ -571,7 +604,6 @@ def test_cpu_readings_are_of_the_cores_the_processes_got():
             timed(2, 0, 0.08, 0.04), timed(2, 0.08, 0.08, 0.04),
         ]  # fmt: skip
         result.rounds.append(0.17)
-        result.baseline.append(0.01)
     assert result.raw_parallelism == pytest.approx(1)
     assert result.round_core_share == pytest.approx(0.5)
     assert result.parallelism == pytest.approx(2)
@@ -583,3 +615,19 @@ def test_cpu_readings_are_of_the_cores_the_processes_got():
     result.rounds = [0.17] * 3
     assert result.round_core_share == pytest.approx(1)
     assert result.parallelism == pytest.approx(1)
+
+
+def test_cpu_readings_last_until_a_process_runs_out_of_requests():
+    # Three requests went to one process, one to the other: both worked
+    # until the second had none left, then one did alone.
+    result = threadcheck.Measurement('cpu', 4, 'cpu_seconds')
+    for _ in range(3):
+        result.alone += [timed(1, 0, 0.04, 0.04)]
+        result.answers += [
+            timed(1, 0, 0.04, 0.04), timed(1, 0.04, 0.04, 0.04),
+            timed(1, 0.08, 0.04, 0.04), timed(2, 0, 0.04, 0.04),
+        ]  # fmt: skip
+        result.rounds.append(0.13)
+    assert result.parallelism == pytest.approx(2)
+    assert result.raw_parallelism == pytest.approx(0.16 / 0.12)
+    assert result.processes == {1: (1, 3), 2: (1, 1)}

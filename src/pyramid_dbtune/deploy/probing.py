@@ -3,6 +3,7 @@ each answer says, and what a round of them measured."""
 
 import http.client
 import json
+import math
 import statistics
 import time
 import urllib.error
@@ -77,95 +78,113 @@ _ANSWER = {'pid', 'thread', 'claims'}
 
 @dataclass
 class Measurement:
-    """One probe's timings: single requests, and rounds of N at once."""
+    """One probe's timings: single requests, and rounds of requests at
+    once."""
 
     probe: str
     concurrency: int
-    #: The answers' field that is a request's work: ``seconds`` in the
-    #: view for waits, ``cpu_seconds`` for CPU work (whose time in the
-    #: view includes waiting for the GIL).
+    #: The answers' field that is a request's work: ``seconds`` for
+    #: waits (the wait asked), ``cpu_seconds`` for CPU work (whose time
+    #: in the view includes waiting for the GIL).
     work_of: str = 'seconds'
     #: Seconds of each request sent alone.
     single: list = field(default_factory=list)
     #: The probes' answers to the requests sent alone.
     alone: list = field(default_factory=list)
-    #: Seconds of each round of ``concurrency`` requests at once.
+    #: Seconds of each round of requests at once.
     rounds: list = field(default_factory=list)
     #: The probes' answers in the rounds.
     answers: list = field(default_factory=list)
-    #: Seconds of each round of ``concurrency`` requests that do no work
-    #: (``ms=0``): the fixed cost of a round.
-    baseline: list = field(default_factory=list)
+    #: Requests a round sends at once (``concurrency`` where 0).
+    sent: int = 0
 
-    def _works(self):
-        """Seconds of work the probes did in each round."""
-        n = self.concurrency
+    def _rounds(self):
+        """The answers of each round."""
+        n = self.sent or self.concurrency
         return [
-            sum(_work(a, self.work_of) for a in self.answers[i : i + n])
-            for i in range(0, len(self.answers), n)
+            self.answers[i : i + n] for i in range(0, len(self.answers), n)
         ]
 
     @property
     def work(self):
         """Seconds of work the probes did in a round (median)."""
-        return statistics.median(self._works())
+        return statistics.median(
+            sum(_work(a, self.work_of) for a in answers)
+            for answers in self._rounds()
+        )
+
+    def _reading(self, answers, raw=False):
+        """How many of ``answers``' requests worked at once, from the
+        times the probes give (the server's clocks: the client's would
+        count HTTP, and requests that fell unevenly between processes).
+
+        Waits: the most requests in their views at one time, times the
+        share of their time in the views that was the wait asked (below 1
+        where they also waited for one another inside: a pool, a lock).
+        CPU work: how many processes had a request in a view, on average
+        over the time any had one (a process's threads take turns for the
+        GIL); ``raw``, the CPU seconds they got in that time instead,
+        which other programs on the cores lower too. At most
+        ``concurrency``.
+        """
+        if self.work_of == 'cpu_seconds':
+            mine = _by_process(answers).values()
+            if raw:
+                busy = max(_union(answers), 1e-9)
+                value = sum(a['cpu_seconds'] for a in answers) / busy
+            else:
+                # Until the first process ran out of requests: the
+                # requests fall unevenly between the processes.
+                until = min(max(a['ended'] for a in m) for m in mine)
+                busy = max(_union(answers, until), 1e-9)
+                value = sum(_union(m, until) for m in mine) / busy
+        else:
+            work = sum(_work(a, self.work_of) for a in answers)
+            busy = sum(a['seconds'] for a in answers)
+            value = _most_at_once(answers) * min(1.0, work / max(busy, 1e-9))
+        return min(self.concurrency, value)
 
     @property
     def raw_parallelism(self):
-        """How many requests' work ran at once: for each round, the
-        seconds of work its probes did ÷ the seconds it took beyond the
-        round of requests that do no work sent right after it (at least
-        the work of one request in ``concurrency``), and at most the
-        requests that were in their views at one time; the median of the
-        rounds."""
-        return statistics.median(v for v, _ in self._parallelisms())
-
-    def _parallelisms(self):
-        """Each round's reading, and the most requests in views at once."""
-        baseline = self.baseline or [0.0] * len(self.rounds)
-        n = self.concurrency
-        readings = []
-        for i, (work, took, fixed) in enumerate(
-            zip(self._works(), self.rounds, baseline, strict=True)
-        ):
-            most = _most_at_once(self.answers[i * n : i * n + n])
-            readings.append(
-                (min(work / max(took - fixed, work / n, 1e-9), most), most)
-            )
-        return readings
+        """:attr:`parallelism`, but for CPU work the CPU seconds the
+        requests got per second (median)."""
+        return statistics.median(
+            self._reading(answers, raw=True) for answers in self._rounds()
+        )
 
     @property
     def parallelism(self):
-        """:attr:`raw_parallelism`; for CPU work, each round's reading ÷
-        the share of a core its processes got while they had work (see
-        :attr:`round_core_share`), so that other programs that take part
-        of the cores do not read as the server's doing."""
-        if self.work_of != 'cpu_seconds':
-            return self.raw_parallelism
-        return statistics.median(
-            min(most, value / share)
-            for (value, most), share in zip(
-                self._parallelisms(), self._round_shares(), strict=True
+        """How many requests' work ran at once in a round (the median of
+        the rounds' readings)."""
+        return statistics.median(map(self._reading, self._rounds()))
+
+    @property
+    def processes(self):
+        """Process id: how many of its requests worked at once, as
+        :attr:`raw_parallelism` reads them, and how many it was sent, in
+        the rounds it served (medians)."""
+        readings = {}
+        for answers in self._rounds():
+            for pid, mine in _by_process(answers).items():
+                readings.setdefault(pid, []).append(
+                    (self._reading(mine), len(mine))
+                )
+        return {
+            pid: tuple(
+                map(statistics.median, zip(*readings[pid], strict=True))
             )
-        )
+            for pid in sorted(readings)
+        }
 
     def _round_shares(self):
         """Each round's share of a core that its processes got while
         they had a request in a view: their CPU time ÷ the time they had
         one (the GIL does not lower it: a process whose threads take
         turns still uses its core)."""
-        n = self.concurrency
         shares = []
-        for i, alone in enumerate(self.alone):
-            answers = self.answers[i * n : i * n + n]
-            if not all('began' in a for a in answers):
-                shares.append(_share(alone))  # an older pyramid_dbtune
-                continue
-            cpu = busy = 0.0
-            for pid in {a['pid'] for a in answers}:
-                mine = [a for a in answers if a['pid'] == pid]
-                cpu += sum(a['cpu_seconds'] for a in mine)
-                busy += _union(mine)
+        for answers in self._rounds():
+            cpu = sum(a['cpu_seconds'] for a in answers)
+            busy = sum(map(_union, _by_process(answers).values()))
             shares.append(min(1.0, max(cpu / max(busy, 1e-9), 0.01)))
         return shares
 
@@ -177,8 +196,9 @@ class Measurement:
 
     @property
     def throughput_ratio(self):
-        """Requests per second N at once ÷ requests per second alone."""
-        at_once = self.concurrency * len(self.rounds) / sum(self.rounds)
+        """Requests per second at once ÷ requests per second alone."""
+        n = self.sent or self.concurrency
+        at_once = n * len(self.rounds) / sum(self.rounds)
         return at_once / (len(self.single) / sum(self.single))
 
     @property
@@ -202,23 +222,22 @@ class Measurement:
             'throughput_ratio': round(self.throughput_ratio, 2),
             'single_ms': round(statistics.median(self.single) * 1000, 1),
             'round_ms': round(statistics.median(self.rounds) * 1000, 1),
-            'baseline_round_ms': round(
-                statistics.median(self.baseline or [0.0]) * 1000, 1
-            ),
             'work_ms': round(self.work * 1000, 1),
-            'requests': len(self.single)
-            + self.concurrency * (len(self.rounds) + len(self.baseline)),
+            'requests': len(self.single) + len(self.answers),
             'served': {str(p): t for p, t in self.served.items()},
+            'processes': {
+                str(p): round(v, 2) for p, (v, _) in self.processes.items()
+            },
             'core_share_alone': round(self.core_share, 2),
             'core_share_in_rounds': round(self.round_core_share, 2),
         }
 
 
 def _work(answer, field):
-    """A request's work: the wait asked of the ``io`` probe (its time in
-    the view also counts its wait for the GIL after the sleep), else the
-    answer's ``field``."""
-    if answer['probe'] == 'io' and field == 'seconds':
+    """A request's work: for waits, the wait asked (its time in the view
+    also counts waits for the GIL, a pool or a lock), else the answer's
+    ``field``."""
+    if field == 'seconds':
         return answer['ms'] / 1000
     return answer[field]
 
@@ -226,11 +245,7 @@ def _work(answer, field):
 def _most_at_once(answers):
     """The most requests that were inside their views at one time, from
     the wall-clock times the probes give: work cannot have run more at
-    once than that, however the times add up. Requests that sat in a
-    queue before the server took them (a listen backlog) make a round
-    longer for work and no work alike."""
-    if not all('began' in a for a in answers):
-        return len(answers)  # a probe of an older pyramid_dbtune
+    once than that, however the times add up."""
     events = sorted(
         [(a['began'], 1) for a in answers]
         + [(a['ended'], -1) for a in answers]
@@ -242,12 +257,24 @@ def _most_at_once(answers):
     return most
 
 
-def _union(answers):
-    """Seconds in which at least one of ``answers`` was in its view."""
-    total, end = 0.0, float('-inf')
-    for began, ended in sorted((a['began'], a['ended']) for a in answers):
-        if ended > end:
-            total += ended - max(began, end)
+def _by_process(answers):
+    """``answers`` by the id of the process that gave them."""
+    mine = {}
+    for answer in answers:
+        mine.setdefault(answer['pid'], []).append(answer)
+    return mine
+
+
+def _union(answers, until=math.inf):
+    """Seconds in which at least one of ``answers`` was in its view,
+    before ``until``."""
+    total, end = 0.0, -math.inf
+    for began, ended in sorted(
+        (a['began'], min(a['ended'], until)) for a in answers
+    ):
+        start = max(began, end)
+        if ended > start:
+            total += ended - start
             end = ended
     return total
 
@@ -261,33 +288,33 @@ def _share(answer):
 
 def measure(base, probe, *, concurrency, duration, ms, token, progress):
     """Drive ``probe`` for about ``duration`` seconds: a request alone,
-    ``concurrency`` at once, and ``concurrency`` that do no work (the
-    ``io`` probe with ``ms=0``), in turns."""
+    then a round of twice ``concurrency`` at once, in turns. Twice, so
+    that each process of a server of several has as many as it has
+    threads, however the requests fall between them."""
     url = f'{base}/_dbtune/probe/{probe}?ms={ms}'
-    empty = f'{base}/_dbtune/probe/io?ms=0'
+    sent = 2 * concurrency
     # Long enough for every request of a round to queue behind the others.
-    timeout = 10 + 4 * concurrency * ms / 1000
+    timeout = 10 + 4 * sent * ms / 1000
     first, _ = fetch(url, token, timeout)
     db_wait = first.get('db_wait', True)
     result = Measurement(
         probe,
         concurrency,
         'cpu_seconds' if probe == 'cpu' or not db_wait else 'seconds',
+        sent=sent,
     )
 
-    def round_of(target):
+    def round_of():
         began = time.perf_counter()
         answers = list(
-            pool.map(lambda _: fetch(target, token, timeout), [0] * n)
+            pool.map(lambda _: fetch(url, token, timeout), [0] * sent)
         )
         return time.perf_counter() - began, [a for a, _ in answers]
 
-    n = concurrency
-    with ThreadPoolExecutor(concurrency) as pool:
-        # A first round of each, not counted: it starts the threads, the
+    with ThreadPoolExecutor(sent) as pool:
+        # A first round, not counted: it starts the threads, the
         # connections and the workers, on both sides.
-        round_of(url)
-        round_of(empty)
+        round_of()
         start = time.monotonic()
         while (
             len(result.rounds) < MIN_ROUNDS
@@ -296,10 +323,9 @@ def measure(base, probe, *, concurrency, duration, ms, token, progress):
             answer, seconds = fetch(url, token, timeout)
             result.single.append(seconds)
             result.alone.append(answer)
-            took, answers = round_of(url)
+            took, answers = round_of()
             result.rounds.append(took)
             result.answers += answers
-            result.baseline.append(round_of(empty)[0])
             progress.update(probe, (time.monotonic() - start) / duration)
     progress.done(probe)
     return result, first

@@ -1,13 +1,13 @@
 """``dbtune threadcheck URL``: am I threading, and how well?
 
 Drives the probe views of :mod:`pyramid_dbtune.ops.probes` on a running
-server, one request at a time and ``N`` at once, in turns, so that other
+server, one request at a time and ``2 N`` at once, in turns, so that other
 load on the machine spoils both alike. For each probe it measures the
-effective parallelism, the seconds of work the probes did in a round of
-``N`` requests at once ÷ the seconds the round took beyond what ``N``
-requests that do no work take, and the throughput ratio; it notes the
-processes and threads that served, compares them with what the server
-claims, and says in plain words what it found.
+effective parallelism, up to ``N``, from the times the probes were in
+their views (:class:`~pyramid_dbtune.deploy.probing.Measurement`), and
+the throughput ratio; it notes the processes and threads that served,
+judges each process and the whole against what the server claims, and
+says in plain words what it found.
 
 It asks over HTTP with the standard library's ``urllib``: no client
 library, nothing beyond pyramid_dbtune's own install.
@@ -43,6 +43,7 @@ __all__ = [
     'fetch',
     'format_report',
     'judge',
+    'judge_processes',
     'MIN_ROUNDS',
 ]
 
@@ -290,6 +291,10 @@ def check(
             'expected': capacity.expected(probe, concurrency, db_wait),
         }
         report['verdict'].append(sentence)
+        if probe == 'io':
+            lagging = judge_processes(result.processes, capacity, concurrency)
+            report['verdict'] += lagging
+            far = far or bool(lagging)
         if far:
             report['far_below'].append(probe)
     if report['far_below']:
@@ -303,6 +308,22 @@ def check(
             'Verdict: the server runs requests as its configuration claims.'
         )
     return report
+
+
+def judge_processes(processes, capacity, concurrency):
+    """A sentence for each process that ran far fewer of its waits at
+    once than it had threads for, though the total may look right (one
+    worker of several behind a lock)."""
+    sentences = []
+    for pid, (measured, sent) in processes.items():
+        expected = min(capacity.threads, sent, concurrency)
+        if expected > 1 and measured - 1 < FAR_BELOW * (expected - 1):
+            sentences.append(
+                f'I/O in process {pid}: {measured:.1f} of the {expected:g} '
+                'it had threads and requests for — something in that process '
+                'serialises requests that only wait (a lock)'
+            )
+    return sentences
 
 
 def _base_url(url):
@@ -349,7 +370,8 @@ def format_report(report):
     ]
     for probe, row in report['probes'].items():
         served = ', '.join(
-            f'pid {pid} ({_count(len(t), "thread")})'
+            f'pid {pid} ({_count(len(t), "thread")}, '
+            f'{row["processes"][pid]:.1f} at once)'
             for pid, t in row['served'].items()
         )
         lines.append(
