@@ -49,6 +49,10 @@ _MEMO_KEY_BYTES = 4096
 #: How long a miss waits, then again, for another process's fill: 0.5 s.
 _WAITS = (0.001, 0.002, 0.004, 0.008, 0.016, *[0.025] * 18, 0.019)
 _FAILED = object()  # what a call that memcached failed returns
+#: A server that missed an invalidation is asked to make it good this
+#: often (seconds), for at most this long.
+MEND_EVERY = 0.25
+MEND_FOR = 600
 
 
 #: Failures that say a server is unreachable, not that it refused a key:
@@ -130,6 +134,10 @@ class MemcachedCache:
         }
         self.by_address = {a: Server(a, options) for a in self.servers}
         self._lock = threading.Lock()
+        #: Held to count: threads share the counters, and ``+=`` alone
+        #: can lose one.
+        self._counting = threading.Lock()
+        self._mender = None
         self._inflight = {}
         self._memo = OrderedDict()
         self._missed = set()
@@ -207,7 +215,8 @@ class MemcachedCache:
             except _CLOSED:  # the client closed it: this call opens anew
                 result = call(*args, **kw)
         except Exception as exc:
-            self.errors += 1
+            with self._counting:
+                self.errors += 1
             if isinstance(exc, _UNREACHABLE):
                 server.down_until = time.monotonic() + self._timeouts[2]
                 self._recheck = 0.0  # the live servers have changed
@@ -277,12 +286,61 @@ class MemcachedCache:
         bumped first."""
         if server is None:
             return default
-        if self._missed and server.address in self._missed:
-            epoch = self._generation_key(_EPOCH)
-            if self._call(server, None, 'incr', epoch, 1) is None:
-                return default
-            self._missed.discard(server.address)
+        missed = self._missed and server.address in self._missed
+        if missed and not self._make_good(server):
+            return default
         return self._call(server, default, method, *args, **kw)
+
+    def _make_good(self, server):
+        """Bump the epoch of ``server``, which missed an invalidation, so
+        that none of its entries is served again; False if it cannot be
+        told."""
+        epoch = self._generation_key(_EPOCH)
+        # None: memcached lost the epoch (a restart), and with it every
+        # entry that depends on it.
+        if self._call(server, _FAILED, 'incr', epoch, 1) is _FAILED:
+            return False
+        self._missed.discard(server.address)
+        return True
+
+    def _missed_invalidation(self, address):
+        """Note that ``address`` missed an invalidation, and make it good
+        from a thread of this process's as soon as the server answers:
+        until then other processes may serve its old entries, and this one
+        may serve no request for a while (:data:`MEND_EVERY`,
+        :data:`MEND_FOR`)."""
+        with self._lock:
+            self._missed.add(address)
+            if self._mender is None or not self._mender.is_alive():
+                self._mender = threading.Thread(
+                    target=self._mend,
+                    name='dbtune-memcached-mend',
+                    daemon=True,
+                )
+                self._mender.start()
+
+    def _mend(self):
+        missed = ', '.join(sorted(map(str, self._missed)))
+        log.warning(
+            'memcached %s missed an invalidation: its epoch is bumped as '
+            'soon as it answers',
+            missed,
+        )
+        for _ in range(int(MEND_FOR / MEND_EVERY)):
+            time.sleep(MEND_EVERY)
+            for address in list(self._missed):
+                self._make_good(self.by_address[address])
+            if not self._missed:
+                log.warning(
+                    'memcached %s: missed invalidation made good', missed
+                )
+                return
+        log.error(
+            'memcached %s: missed invalidation not made good in %d s; it is '
+            "at this process's next use of the server",
+            missed,
+            MEND_FOR,
+        )
 
     # Reading
 
@@ -337,7 +395,8 @@ class MemcachedCache:
             return memo[1]
         payload = self._open(name, value)
         if payload is None:
-            self.rejected += 1
+            with self._counting:
+                self.rejected += 1
             return None
         try:
             entry = decode(payload)
@@ -346,7 +405,8 @@ class MemcachedCache:
             # another version of the package, say. Whatever fails (a bad
             # decimal, a date out of range, JSON nested too deep) is a
             # miss, said once.
-            self.rejected += 1
+            with self._counting:
+                self.rejected += 1
             if not self._undecodable:
                 self._undecodable = True
                 log.warning(
@@ -371,8 +431,9 @@ class MemcachedCache:
             # out, wherever they are asked for, without a round trip.
             near = self._memo.get(name)
             if near is not None and time.time() < near[1][2]:
-                self.hits += 1
-                self.near_hits += 1
+                with self._counting:
+                    self.hits += 1
+                    self.near_hits += 1
                 return near[1][0], HIT
         tables, keys = self._tables(tables)
         wanted = [name, *keys]
@@ -388,7 +449,8 @@ class MemcachedCache:
         if entry is not None and entry[1] == generations:
             rows, _, expires = entry
             if time.time() < expires:
-                self.hits += 1
+                with self._counting:
+                    self.hits += 1
                 return rows, HIT
             stale = rows
         return self._fill(name, ttl, generations, stale, fill, args)
@@ -403,9 +465,11 @@ class MemcachedCache:
                 future = self._inflight[name] = Future()
         if not leader:
             if stale is not None:
-                self.stale += 1
+                with self._counting:
+                    self.stale += 1
                 return stale, STALE
-            self.waited += 1
+            with self._counting:
+                self.waited += 1
             return future.result(), WAITED
         try:
             lock = self._name('l', name.rsplit(':', 1)[1])
@@ -413,17 +477,20 @@ class MemcachedCache:
             mine = self._on(server, True, 'add', lock, b'1', expire=_LOCK_TIME)
             if not mine and stale is not None:
                 # Another process refreshes it: the old rows meanwhile.
-                self.stale += 1
+                with self._counting:
+                    self.stale += 1
                 future.set_result(stale)
                 return stale, STALE
             if not mine and generations is not None:
                 # Another process fills it: wait a little for its rows.
                 rows = self._wait_for(name, generations)
                 if rows is not None:
-                    self.waited += 1
+                    with self._counting:
+                        self.waited += 1
                     future.set_result(rows)
                     return rows, WAITED
-            self.misses += 1
+            with self._counting:
+                self.misses += 1
             rows = fill(*args)
             if generations is not None:
                 self._store(name, rows, ttl, generations)
@@ -457,11 +524,13 @@ class MemcachedCache:
         try:
             payload = encode(rows, generations, expires)
         except Unencodable:
-            self.unencodable += 1
+            with self._counting:
+                self.unencodable += 1
             return
         value = self._sign(name, payload)
         if len(value) > self.item_limit:
-            self.too_big += 1
+            with self._counting:
+                self.too_big += 1
             return
         server = self._server(name)
         self._on(server, None, 'set', name, value, expire=kept_for(ttl))
@@ -488,8 +557,9 @@ class MemcachedCache:
                     # Unreachable (or taken out as dead): its entries may
                     # now be stale, so its epoch is bumped before it is
                     # read again.
-                    self._missed.add(address)
+                    self._missed_invalidation(address)
                     break
                 if bumped is None:  # never set: nothing depends on it
                     self._seed(server, table)
-        self.invalidations += 1
+        with self._counting:
+            self.invalidations += 1
