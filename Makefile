@@ -6,7 +6,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 DEMO_INI := examples/accommodation/development.ini
 
-.PHONY: demo test lint format docs buildout bench-cache bench-fastpath bench-rwsplit bench-memcached bench-overhead bench-retries bench-threads bench clean
+.PHONY: demo test lint format docs buildout bench-cache bench-fastpath bench-rwsplit bench-memcached bench-overhead bench-retries bench-silent-replica bench-threads bench clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -67,6 +67,10 @@ bench-overhead: $(VENV)/.testing
 # Retries under contention on PostgreSQL, back-off on and off.
 bench-retries: $(VENV)/.testing
 	$(BIN)/python benchmarks/stress_retries.py
+
+bench-silent-replica: $(VENV)/.testing
+	$(BIN)/python benchmarks/stress_silent_replica.py
+	$(BIN)/python benchmarks/stress_silent_replica.py --database mysql
 
 # The headline figure: the accommodation site before and after, on the
 # PostgreSQL server of DBTUNE_TEST_POSTGRESQL; installs wrk and memcached

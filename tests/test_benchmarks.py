@@ -137,3 +137,9 @@ def test_stress_retries():
     out = run('stress_retries.py')
     assert 'write_concurrency 4, back-off off' in out
     assert '(target: met)' in out
+
+
+def test_stress_silent_replica():
+    for database in ('postgresql', 'mysql'):
+        out = run('stress_silent_replica.py', '--database', database)
+        assert 'failed: 0\n' in out, out
