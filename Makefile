@@ -67,6 +67,7 @@ bench-overhead: $(VENV)/.testing
 # Retries under contention on PostgreSQL, back-off on and off.
 bench-retries: $(VENV)/.testing
 	$(BIN)/python benchmarks/stress_retries.py
+	$(BIN)/python benchmarks/stress_retries.py --database mysql
 
 bench-silent-replica: $(VENV)/.testing
 	$(BIN)/python benchmarks/stress_silent_replica.py

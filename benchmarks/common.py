@@ -21,6 +21,9 @@ POSTGRESQL_URL = os.environ.get(
     'DBTUNE_TEST_POSTGRESQL',
     'postgresql+psycopg://postgres@127.0.0.1:5432/test',
 )
+MYSQL_URL = os.environ.get(
+    'DBTUNE_TEST_MYSQL', 'mysql+pymysql://root@127.0.0.1:3306/test'
+)
 
 
 def best_per_call(function, calls, rounds):
@@ -67,6 +70,23 @@ def postgresql_scratch():
             connection.exec_driver_sql(f'DROP SCHEMA {schema} CASCADE')
         admin.dispose()
 
+    return url.render_as_string(hide_password=False), drop
+
+
+def mysql_scratch():
+    """A URL for a new MariaDB (or MySQL) database of its own, and a
+    function that drops it."""
+    admin = sa.create_engine(MYSQL_URL)
+    name = f'dbtune_bench_{os.getpid()}'
+    with admin.begin() as connection:
+        connection.exec_driver_sql(f'CREATE DATABASE {name}')
+
+    def drop():
+        with admin.begin() as connection:
+            connection.exec_driver_sql(f'DROP DATABASE {name}')
+        admin.dispose()
+
+    url = sa.engine.make_url(MYSQL_URL).set(database=name)
     return url.render_as_string(hide_password=False), drop
 
 

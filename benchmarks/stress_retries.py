@@ -2,13 +2,15 @@
 
 50 requests at once over real HTTP (waitress), each incrementing one
 counter 20 times in one transaction on PostgreSQL SERIALIZABLE, with
-``retry.attempts = 30``, ``dbtune.write_concurrency`` 1 and 4: each
+``retry.attempts = 30``, ``dbtune.write_concurrency`` 1 and 4 (on MariaDB
+with ``--database mysql``, where InnoDB's locks serialise them): each
 variant runs ``--runs`` rounds and prints, per round, the counter (1000
 when nothing was lost or refused), the requests that failed, and the
 attempts the most retried request took. Target: 1000 in every round, no
 request failed, with back-off on (the default).
 
     .venv/bin/python benchmarks/stress_retries.py [--runs 20] [--quick]
+        [--database mysql]
 """
 
 import argparse
@@ -20,7 +22,7 @@ sys.path.insert(0, str(Path(__file__).parents[1] / 'tests'))
 
 import sqlalchemy as sa  # noqa: E402
 
-from common import postgresql_scratch  # noqa: E402
+from common import mysql_scratch, postgresql_scratch  # noqa: E402
 from test_retry import INCREMENTS, REQUESTS, run_once, serve  # noqa: E402
 
 
@@ -51,9 +53,15 @@ def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument('--runs', type=int, default=20)
     parser.add_argument('--quick', action='store_true')
+    parser.add_argument(
+        '--database', choices=('postgresql', 'mysql'), default='postgresql'
+    )
     args = parser.parse_args(argv)
     runs = 2 if args.quick else args.runs
-    url, drop = postgresql_scratch()
+    scratch = (
+        postgresql_scratch if args.database == 'postgresql' else mysql_scratch
+    )
+    url, drop = scratch()
     try:
         engine = sa.create_engine(url)
         with engine.begin() as connection:
@@ -64,7 +72,7 @@ def main(argv=None):
         engine.dispose()
         print(
             f'{REQUESTS} requests x {INCREMENTS} increments, SERIALIZABLE, '
-            f'{runs} rounds each'
+            f'{runs} rounds each, on {args.database}'
         )
         print(f'{"variant":34} {"exact":>7} {"failed":>7} {"most tries":>18}')
         met = True

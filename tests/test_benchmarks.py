@@ -134,6 +134,8 @@ def test_headline_refuses_rounds_it_cannot_run():
 
 
 def test_stress_retries():
+    out = run('stress_retries.py', '--database', 'mysql')
+    assert 'on mysql' in out and '(target: met)' in out
     out = run('stress_retries.py')
     assert 'write_concurrency 4, back-off off' in out
     assert '(target: met)' in out
