@@ -1,5 +1,6 @@
 import pytest
-from pyramid.exceptions import ConfigurationError
+from pyramid.config import Configurator
+from pyramid.exceptions import ConfigurationError, ConfigurationExecutionError
 
 from pyramid_dbtune.settings import TABLE, Invalid, Settings, as_bool, parse
 
@@ -301,3 +302,17 @@ def test_invalidate_overrides():
     assert str(info.value).startswith(
         "dbtune.invalidate.search = 'sometimes' is not valid: expected true"
     )
+
+
+def test_a_setting_added_after_the_include_is_an_error(sqlite_url):
+    # Engines, cache and views are made of the settings at the include:
+    # a later add_settings was ignored without a word.
+    config = Configurator(settings={'dbtune.url': sqlite_url})
+    config.include('pyramid_dbtune')
+    config.add_settings({'dbtune.stats': 'true'})
+    with pytest.raises(ConfigurationExecutionError) as caught:
+        config.commit()
+    message = str(caught.value)
+    assert 'dbtune.stats changed after pyramid_dbtune was included' in message
+    assert "before config.include('pyramid_dbtune')" in message
+    config.registry.dbtune.router.dispose()

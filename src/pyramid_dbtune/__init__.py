@@ -138,6 +138,7 @@ def includeme(config):
     if getattr(config.registry, 'dbtune', None) is not None:
         return  # Pyramid would include it again, and conflict
     parsed = _settings.parse(config.get_settings())
+    included = _settings.read(config.get_settings())
     config.include('pyramid_tm')
     dbtune = config.registry.dbtune = DBTune(parsed)
     config.add_directive('add_sql_method', add_sql_method)
@@ -165,6 +166,12 @@ def includeme(config):
     settings_config = config.with_package(config.package)
     settings_config.info = _Settings()
     settings_config.action(None, _check_overrides, args=(dbtune,), order=10)
+    settings_config.action(
+        None,
+        _settings.check_unchanged,
+        args=(config.registry.settings, included),
+        order=10,
+    )
     if parsed.stats_permission is not None:
         settings_config.action(
             None, access.check_policy, args=(config.registry,), order=10

@@ -269,6 +269,32 @@ def _fail(name, value, accepted):
     )
 
 
+def read(settings):
+    """The items of ``settings`` that :func:`parse` reads."""
+    return {
+        k: v
+        for k, v in settings.items()
+        if k.startswith(PREFIX) or k == 'sqlalchemy.url'
+    }
+
+
+def check_unchanged(settings, included):
+    """Raise if ``settings`` now say otherwise than ``included``, what
+    :func:`read` gave when pyramid_dbtune was included: engines, cache and
+    views were made of those, and a later ``config.add_settings`` would be
+    ignored without a word."""
+    now = read(settings)
+    changed = sorted(k for k in now.keys() | included.keys()
+                     if now.get(k) != included.get(k))  # fmt: skip
+    if changed:
+        raise ConfigurationError(
+            f'{", ".join(changed)} changed after pyramid_dbtune was '
+            "included, and the change would be ignored: set pyramid_dbtune's "
+            "settings before config.include('pyramid_dbtune') (or in the "
+            'ini file)'
+        )
+
+
 def parse(settings):
     """Parse the ``dbtune.*`` keys of ``settings`` into :class:`Settings`.
 
