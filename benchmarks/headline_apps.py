@@ -188,10 +188,20 @@ def tuned_app(global_config=None, **settings):
             ),
             # Searches, counts and the area list may lag an update by up
             # to their cache time (30 s, 30 s, 300 s): property pages may
-            # not (see "Fresh or fast" in docs/sqlmethods.rst).
-            'dbtune.invalidate.search_properties': 'false',
-            'dbtune.invalidate.count_properties': 'false',
-            'dbtune.invalidate.list_areas': 'false',
+            # not (see "Fresh or fast" in docs/sqlmethods.rst). With
+            # headline.py --fresh, none may: invalidation by row.
+            **(
+                {}
+                if os.environ.get('DBTUNE_HEADLINE_FRESH')
+                else {
+                    f'dbtune.invalidate.{name}': 'false'
+                    for name in (
+                        'search_properties',
+                        'count_properties',
+                        'list_areas',
+                    )
+                }
+            ),
             # headline.py --quick cuts the searches' cache time, so that its
             # checker can catch a stale search within a short run.
             'dbtune.cache_time.search_properties': search_cache_time(),

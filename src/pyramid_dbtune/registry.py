@@ -22,6 +22,9 @@ class Registered:
     key: str
     #: the tables whose committed writes drop its rows
     invalidated_by: frozenset
+    #: its ``(column, parameter)`` pins (``SQLMethod.pins``), where its
+    #: rows are invalidated by row
+    pins: tuple = ()
 
 
 class DBTune:
@@ -49,6 +52,9 @@ class DBTune:
         self.views = []
         #: True where ``request.dbsession`` is the application's, adopted
         self.adopts = False
+        #: table: the columns that SQL methods' reads of it are pinned by
+        #: (a write of the table tells its rows by those)
+        self.pinned = {}
 
     def cache_time(self, method):
         """The seconds ``method``'s rows are kept, settings applied."""
@@ -85,6 +91,10 @@ class DBTune:
                     'write always invalidates the tables it changes'
                 )
             invalidated_by = method.tables if invalidate else frozenset()
+        pins = method.pins if invalidated_by == method.tables else ()
+        for column, _ in pins:
+            (table,) = method.tables
+            self.pinned.setdefault(table, set()).add(column)
         self.methods[method.name] = Registered(
-            method, cache_time, key, invalidated_by
+            method, cache_time, key, invalidated_by, pins
         )

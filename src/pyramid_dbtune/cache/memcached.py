@@ -176,9 +176,11 @@ class MemcachedCache:
         return self._name('e', digest.hexdigest())
 
     def _generation_key(self, table):
-        # Table names are short; hashed anyway so any name fits.
+        # Tables and rows' tags are short; hashed anyway so any one fits.
         name = self._generation_keys.get(table)
         if name is None:
+            if len(self._generation_keys) >= _MEMO_SIZE * 8:
+                self._generation_keys.clear()  # a tag a row: bounded
             digest = hashlib.blake2b(table.encode('utf-8'), digest_size=12)
             name = self._generation_keys[table] = self._name(
                 'g', digest.hexdigest()

@@ -12,6 +12,7 @@ import math
 import threading
 from time import monotonic, perf_counter
 
+import sqlalchemy as sa
 from pyramid_retry import mark_error_retryable
 from sqlalchemy import create_engine, event
 from sqlalchemy.engine import make_url
@@ -204,6 +205,7 @@ class Router:
         self.write_waits = 0
         self.write_wait_seconds = 0.0
         self._recent = {}
+        self._columns = {}
         self._reset_locks()
         forks.renew_after_fork(self)
 
@@ -222,6 +224,20 @@ class Router:
 
     def engines(self):
         return [self.writer] + [r.engine for r in self.readers]
+
+    def columns(self, session, table):
+        """The names of ``table``'s columns on the writer, in lower case,
+        as ``session``'s connection finds them (once); none if it does
+        not."""
+        known = self._columns.get(table)
+        if known is None:
+            inspector = sa.inspect(session.connection())
+            try:
+                found = inspector.get_columns(table)
+            except sa.exc.NoSuchTableError:
+                found = []
+            known = self._columns[table] = {c['name'].lower() for c in found}
+        return known
 
     def dispose(self):
         for engine in self.engines():

@@ -22,6 +22,7 @@ from sqlalchemy.orm import Session
 from sqlalchemy.sql.elements import TextClause
 
 from ..sql import analysis
+from ..sql.conditions import value_tag
 from .work import UNIT
 
 _WHAT = 'request.dbsession'
@@ -56,13 +57,46 @@ def _before_flush(session, flush_context, instances):
     # An attribute set to the value it had is in session.dirty, but its
     # flush sends nothing: no write slot for it, and no pin.
     changed = [o for o in session.dirty if session.is_modified(o)]
-    tables = set()
+    pinned = unit.request.registry.dbtune.pinned
+    touched = {}  # table name: the tags of the rows, None if untold
     for obj in (*session.new, *changed, *session.deleted):
-        for table in sa.inspect(obj).mapper.tables:
-            tables.add(table.name.lower())
-    if tables:
-        unit.begin_write(tables, _WHAT)
+        state = sa.inspect(obj)
+        for table in state.mapper.tables:
+            name = table.name.lower()
+            if touched.get(name, ()) is not None:
+                tags = _tags(state, table, pinned.get(name, ()))
+                touched[name] = (
+                    None if tags is None else tags | touched.get(name, set())
+                )
+    for name, tags in touched.items():
+        unit.begin_write({name}, _WHAT, tags)
+    if touched:
         session.info['dbtune_flush'] = perf_counter()
+
+
+def _tags(state, table, columns):
+    """The tags of the rows the flush of ``state`` touches in ``table``,
+    as they were and as they will be, by the ``columns`` that reads of it
+    are pinned by; None where they cannot be told (a value not loaded, a
+    default the database gives)."""
+    tags = set()
+    for column in columns:
+        try:
+            key = state.mapper.get_property_by_column(table.c[column]).key
+        except (KeyError, sa.orm.exc.UnmappedColumnError):
+            return None
+        history = state.attrs[key].history
+        values = [*history.added, *history.deleted, *history.unchanged]
+        if not values or (
+            history.added and not history.deleted and not state.pending
+        ):
+            return None
+        for value in values:
+            tag = value_tag(table.name.lower(), column, value)
+            if tag is None:
+                return None
+            tags.add(tag)
+    return tags
 
 
 @event.listens_for(Session, 'after_flush_postexec')

@@ -16,10 +16,12 @@ import logging
 import time
 from time import perf_counter
 
+import sqlalchemy as sa
 import transaction.interfaces
 from zope.sqlalchemy import mark_changed, register
 
 from ..convert import whole_number
+from ..sql.conditions import any_row, value_tag
 from .engines import fetch
 from .errors import (
     WriteSlotTimeout,
@@ -32,6 +34,11 @@ PIN_COOKIE = 'dbtune_pin'
 
 #: The key of a routed session's ``info`` that holds its unit of work.
 UNIT = 'dbtune.unit'
+#: A write that touches more rows than this drops its table's reads whole.
+MAX_ROWS_TOLD = 100
+#: What begins the SELECT that finds the rows a SQL method's write
+#: touches, so that it is told apart in the database's logs.
+ROWS_TOLD = '/* pyramid_dbtune: the rows a write touches */ '
 
 
 class UnitOfWork:
@@ -54,6 +61,7 @@ class UnitOfWork:
         self.write_wait = 0.0
         self._session = self._reader = None
         self._tables = set()
+        self._tags = set()
         self._all_tables = False
         self._committed_writes = False
         if router.replicas and router.settings.pin_after_write:
@@ -117,9 +125,11 @@ class UnitOfWork:
         if session is not None and session.autoflush:
             session.flush()
 
-    def begin_write(self, tables, what):
+    def begin_write(self, tables, what, tags=None):
         """Note a write of ``tables`` (``None``: unknown) in the current
-        transaction, taking a write slot if this is its first write."""
+        transaction, taking a write slot if this is its first write.
+        ``tags``: the rows it touched, as :mod:`~pyramid_dbtune.sql.
+        conditions` tags them (``None``: they cannot be told)."""
         if not self.dirty:
             try:
                 txn = self.request.tm.get()
@@ -147,6 +157,8 @@ class UnitOfWork:
             self._all_tables = True
         else:
             self._tables.update(tables)
+            self._tags.update(tables)
+            self._tags.update(map(any_row, tables) if tags is None else tags)
 
     def _let_go_of_the_reader(self):
         # From the first write on, the session works on the writer. Its
@@ -169,15 +181,62 @@ class UnitOfWork:
     def execute(self, method, statement, params):
         """Run a SQL method's statement in the transaction's session."""
         if method.writes:
-            self.begin_write(method.tables, f'SQL method {method.name}()')
+            self.begin_write(method.tables, f'SQL method {method.name}()', ())
             self.router.writes += 1
         session = self.session
+        if method.writes and method.tables:
+            self._tags.update(self._touched(method, params, session))
         result = session.execute(
             statement, params, execution_options={'dbtune_routed': True}
         )
         if method.writes:
             self.session_wrote(session)
         return fetch(result, method.max_rows)
+
+    def _touched(self, method, params, session):
+        """The tags of the rows a SQL method's write touches, before and
+        after: its WHERE run as a SELECT of the pinned columns, first, and
+        what it sets them to. Nothing where no read of its table is
+        pinned; where they cannot be told, the tag that drops every read
+        of its table."""
+        (table,) = method.tables
+        shape = method.write_shape
+        columns = sorted(self.request.registry.dbtune.pinned.get(table, ()))
+        if not columns:
+            return ()
+        if (
+            shape is None
+            or method.list_params
+            or any(shape.sets.get(c, '') is None for c in columns)
+            or not set(columns) <= self.router.columns(session, table)
+        ):
+            return (any_row(table),)
+        new = {
+            c: params.get(shape.sets[c]) for c in columns if c in shape.sets
+        }
+        if shape.where is None:  # an INSERT
+            rows = [new] if len(new) == len(columns) else None
+        else:
+            select = sa.text(
+                f'{ROWS_TOLD}SELECT {", ".join(columns)} FROM {shape.table} '
+                f'WHERE {shape.where}'
+            )
+            old = (
+                session.execute(
+                    select, params, execution_options={'dbtune_routed': True}
+                )
+                .mappings()
+                .fetchmany(MAX_ROWS_TOLD + 1)
+            )
+            rows = old if len(old) <= MAX_ROWS_TOLD else None
+            if rows and new:
+                rows = [*old, *({**row, **new} for row in old)]
+        tags = {
+            value_tag(table, c, row[c]) for row in rows or () for c in columns
+        }
+        if rows is None or None in tags:
+            return (any_row(table),)
+        return tags
 
     def wrote_for(self, seconds):
         """Count ``seconds`` of an ORM flush as the request's database and
@@ -193,10 +252,9 @@ class UnitOfWork:
 
     def _after_commit(self, committed):
         if committed:
-            tables = None if self._all_tables else self._tables
-            self.cache.invalidate(tables)
-            if tables is not None:
-                self.router.wrote(tables)
+            self.cache.invalidate(None if self._all_tables else self._tags)
+            if not self._all_tables:
+                self.router.wrote(self._tables)
             self._pin()
         self._finish()
 
@@ -225,6 +283,7 @@ class UnitOfWork:
             if self._session is not None:
                 self._session.bind = self._engine()
         self._tables = set()
+        self._tags = set()
         self._all_tables = False
 
     def _release_at_the_end(self, request):

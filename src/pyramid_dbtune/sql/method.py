@@ -17,7 +17,7 @@ from pathlib import Path
 from sqlalchemy import bindparam, text
 
 from ..convert import as_bool
-from . import analysis
+from . import analysis, conditions
 from .analysis import ANY_TABLE
 
 _SCALARS = (
@@ -158,6 +158,21 @@ class SQLMethod:
         self.invalidate = invalidate
         #: The tables whose writes drop this read's cached rows.
         self.invalidated_by = self.tables if invalidate else frozenset()
+        told = tables is None and self.writes == found_writes
+        #: ``(column, parameter)`` pairs that pin this read of one table
+        #: to the rows whose column holds the argument: only writes that
+        #: touch such rows drop its cached rows (:mod:`.conditions`).
+        self.pins = (
+            self._pins(sql)
+            if told and invalidate and not self.writes and self.tables
+            else ()
+        )
+        #: How this write finds the rows it touches, or None.
+        self.write_shape = (
+            self._write_shape(sql)
+            if told and self.writes and self.tables
+            else None
+        )
         self._expanding = self.statement.bindparams(
             *(bindparam(n, expanding=True) for n in self.list_params)
         )
@@ -170,6 +185,14 @@ class SQLMethod:
         # Whether it writes, and its tables, as its text tells; a ZSQL
         # method reads each text its template renders.
         return analysis.analyse(sql)
+
+    def _pins(self, sql):
+        return conditions.read_pins(sql, self.tables)
+
+    def _write_shape(self, sql):
+        if len(self.tables) != 1:
+            return None
+        return conditions.write_shape(sql)
 
     def bind(self, params):
         """Check ``params`` against the statement; return it ready to run.

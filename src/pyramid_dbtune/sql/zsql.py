@@ -159,6 +159,12 @@ class ZSQLMethod(SQLMethod):
             glued = place(glued, render.expanding)
         return variants, glued
 
+    def _pins(self, sql):
+        return ()  # a template's texts: its rows are not told apart
+
+    def _write_shape(self, sql):
+        return None
+
     def _analyse(self, sql):
         if self._glued is None:
             return analysis.analyse_any(self._variants)

@@ -1,0 +1,240 @@
+"""Which rows a statement reads or changes, told from its text, for
+invalidation by row rather than by table.
+
+A read of one table whose WHERE requires ``column = :parameter`` (alone
+or in a conjunction) only ever returns rows whose column holds the call's
+value: its cached rows need dropping only when a write touches such a
+row. A write of one table tells which rows it touches by its WHERE (run
+as a SELECT first, in its transaction) and what it sets. Where the text
+says less than that (an OR, a join, a subquery, an expression), nothing
+is told, and the table is invalidated as a whole, as before.
+"""
+
+import functools
+import re
+import unicodedata
+from dataclasses import dataclass
+
+from .analysis import _LITERAL_BACKSLASH, _LITERAL_STANDARD, _Reader, tokens
+
+#: Words that end a WHERE clause at the top level.
+_ENDS = frozenset(
+    """group order limit having offset fetch for window union intersect
+    except returning lock""".split()
+)
+_QUOTED = re.compile(r'"[^"]*"|`[^`]*`|\[[^\]]*\]')
+#: A name that is the same unquoted in every database: no case folding.
+_PLAIN = re.compile(r'[a-z_][a-z0-9_]*\Z')
+
+
+_INTEGER = re.compile(r'[+-]?\d+\Z')
+#: Unicode's combining marks (accents), once a string is decomposed.
+_ACCENTS = re.compile(
+    '[\u0300-\u036f\u1ab0-\u1aff\u1dc0-\u1dff\u20d0-\u20ff\ufe20-\ufe2f]'
+)
+#: The longest string a read is pinned by, or a write's rows told by.
+MAX_TAGGED = 200
+
+
+def any_row(table):
+    """The tag of a write to ``table`` whose rows cannot be told: it drops
+    every cached read of the table, pinned or not."""
+    return f'{table}?'
+
+
+def value_tag(table, column, value):
+    """The tag of the rows of ``table`` whose ``column`` holds ``value``,
+    or None for a value other than a whole number or a string of at most
+    :data:`MAX_TAGGED` characters.
+
+    Values a database may find equal have one tag: ``'05'`` and ``5``;
+    strings whatever their case, accents and the spaces around them (as
+    MySQL's ``_ci`` collations compare them). Equal values must never have
+    two tags (a write would miss a read's rows); unequal ones may share one
+    (a read is dropped that need not be).
+    """
+    if isinstance(value, bool) or not isinstance(value, int | str):
+        return None
+    if isinstance(value, str) and len(value) > MAX_TAGGED:
+        return None
+    return _tag(table, column, value)
+
+
+@functools.lru_cache(maxsize=4096)
+def _tag(table, column, value):
+    if isinstance(value, str):
+        text = value.strip()
+        if not _INTEGER.match(text):
+            text = unicodedata.normalize('NFKD', text)
+            return f'{table}.{column}={_ACCENTS.sub("", text).casefold()!r}'
+        value = int(text)
+    return f'{table}.{column}={value}'
+
+
+def _words(sql):
+    """The tokens of ``sql``, or None where a backslash in a literal makes
+    MySQL read it otherwise than standard SQL."""
+    words = tokens(sql, _LITERAL_STANDARD)
+    return words if words == tokens(sql, _LITERAL_BACKSLASH) else None
+
+
+def _split(reader, start, stop, word):
+    """The runs of tokens from ``start`` to ``stop`` between ``word`` at
+    the depth of ``start``."""
+    runs, run = [], []
+    depth = reader.depth[start] if start < len(reader.words) else 0
+    for i in range(start, stop):
+        if reader.lower[i] == word and reader.depth[i] == depth:
+            runs.append(run)
+            run = []
+        else:
+            run.append(i)
+    return [*runs, run]
+
+
+def _where(reader):
+    """``(start, stop)`` of the one top-level WHERE's condition, or None."""
+    at = [i for i, w in enumerate(reader.lower) if w == 'where']
+    if len(at) != 1 or reader.depth[at[0]]:
+        return None
+    start = at[0] + 1
+    stop = next(
+        (
+            i
+            for i in range(start, len(reader.words))
+            if reader.lower[i] in _ENDS and not reader.depth[i]
+        ),
+        len(reader.words),
+    )
+    return start, stop
+
+
+def _equality(reader, run):
+    """``(column, parameter)`` of a run that is ``[t.]column = :parameter``
+    (either way round), else None."""
+    words = [reader.words[i] for i in run]
+    if len(words) == 5 and words[1] == '.':
+        words = words[2:]
+    elif len(words) == 5 and words[3] == '.':
+        words = words[:2] + words[4:]
+    if len(words) != 3 or words[1] != '=':
+        return None
+    column, parameter = words[0], words[2]
+    if column.startswith(':'):
+        column, parameter = parameter, column
+    if _PLAIN.match(column) and parameter.startswith(':'):
+        return column, parameter[1:]
+    return None
+
+
+def read_pins(sql, tables):
+    """``((column, parameter), ...)`` that a read of the one table
+    ``tables`` holds requires, in order, or ``()``."""
+    words = _words(sql)
+    if words is None or len(tables) != 1:
+        return ()
+    reader = _Reader(words)
+    lower = reader.lower
+    if lower.count('select') != 1 or 'join' in lower or 'between' in lower:
+        return ()
+    where = _where(reader)
+    if where is None:
+        return ()
+    runs = _split(reader, *where, 'and')
+    if any(
+        reader.lower[i] == 'or' and not reader.depth[i]
+        for r in runs
+        for i in r
+    ):
+        return ()
+    pins = (_equality(reader, run) for run in runs)
+    return tuple(sorted({p for p in pins if p is not None}))
+
+
+@dataclass(frozen=True)
+class WriteShape:
+    """A write of one table, as its text tells it."""
+
+    #: the table, as written (plain: no schema, no quotes)
+    table: str
+    #: the raw text of its WHERE condition (``None`` for an INSERT)
+    where: str | None
+    #: column: the parameter it is set to, or ``None`` for anything else
+    sets: dict
+
+
+def write_shape(sql):
+    """The :class:`WriteShape` of a single-table ``UPDATE ... SET ...
+    WHERE``, ``DELETE FROM ... WHERE`` or ``INSERT INTO t (...) VALUES
+    (...)``, or None."""
+    words = _words(sql)
+    if words is None:
+        return None
+    reader = _Reader(words)
+    lower = reader.lower
+    kind = lower[0]
+    if kind == 'insert':
+        return _insert(reader)
+    if kind == 'update':
+        table, i = words[1], 2
+    elif kind == 'delete' and reader.at(1) == 'from':
+        table, i = words[2], 3
+    else:
+        return None
+    where = _where(reader)
+    if (
+        not _PLAIN.match(table)
+        or where is None
+        or where[1] != len(words)
+        or {'from', 'join', 'using'} & set(lower[i : where[0]])
+        or lower.count('select')
+    ):
+        return None
+    sets = {}
+    if kind == 'update':
+        if reader.at(i) != 'set':
+            return None
+        for run in _split(reader, i + 1, where[0] - 1, ','):
+            named = [words[j] for j in run]
+            if len(named) < 3 or named[1] != '=' or not _PLAIN.match(named[0]):
+                return None
+            sets[named[0]] = (
+                named[2][1:]
+                if len(named) == 3 and named[2][0] == ':'
+                else None
+            )
+    return WriteShape(table, _where_text(sql), sets)
+
+
+def _insert(reader):
+    words, lower = reader.words, reader.lower
+    if lower[1:2] != ['into'] or not _PLAIN.match(reader.at(2)):
+        return None
+    if reader.at(3) != '(' or 'select' in lower or 'on' in lower:
+        return None
+    close = reader.skip_parens(3)
+    if reader.at(close) != 'values' or reader.at(close + 1) != '(':
+        return None
+    end = reader.skip_parens(close + 1)
+    if end != len(words):
+        return None  # several rows, or more after them
+    columns = [words[i] for i in _split(reader, 4, close - 1, ',') for i in i]
+    values = [
+        [words[i] for i in r] for r in _split(reader, close + 2, end - 1, ',')
+    ]
+    if len(columns) != len(values) or not all(map(_PLAIN.match, columns)):
+        return None
+    sets = {
+        c: v[0][1:] if len(v) == 1 and v[0][0] == ':' else None
+        for c, v in zip(columns, values, strict=True)
+    }
+    return WriteShape(words[2], None, sets)
+
+
+def _where_text(sql):
+    """The raw text after the WHERE of ``sql``, which has one."""
+    # Literals, comments and quoted names blanked to their own length:
+    # the one WHERE left is the keyword, where it stands.
+    blanked = _LITERAL_STANDARD.sub(lambda m: ' ' * len(m.group()), sql)
+    blanked = _QUOTED.sub(lambda m: ' ' * len(m.group()), blanked)
+    return sql[re.search(r'\bwhere\b', blanked, re.I).end() :].strip()

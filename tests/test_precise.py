@@ -1,0 +1,297 @@
+"""Invalidation by row: a write drops the cached reads whose rows it could
+have changed, and keeps the others.
+
+On SQLite, PostgreSQL and MariaDB, in process and through memcached: what
+each write drops is asserted by the hits of the calls after it.
+"""
+
+import pytest
+import sqlalchemy as sa
+from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
+
+from pyramid_dbtune.routing.work import ROWS_TOLD
+from pyramid_dbtune.sql.conditions import read_pins, value_tag, write_shape
+
+from conftest import SEARCH, SET_RENT, call, shared_settings
+
+GET = {
+    'name': 'get',
+    'sql': 'SELECT id, area, rent FROM property WHERE id = :id',
+    'cache_time': 20,
+}
+AREAS = {
+    'name': 'areas',
+    'sql': 'SELECT area, count(*) AS n FROM property GROUP BY area',
+    'cache_time': 20,
+}
+MOVE = {
+    'name': 'move',
+    'sql': 'UPDATE property SET area = :area WHERE id = :id',
+}
+SHOUT = {
+    'name': 'shout',
+    'sql': 'UPDATE property SET area = upper(area) WHERE id = :id',
+}
+ADD = {
+    'name': 'add',
+    'sql': 'INSERT INTO property (id, area, rent) VALUES (:id, :area, :rent)',
+}
+REMOVE = {'name': 'remove', 'sql': 'DELETE FROM property WHERE id = :id'}
+METHODS = [SEARCH, GET, AREAS, SET_RENT, MOVE, SHOUT, ADD, REMOVE]
+
+READS = [
+    ('search', {'area': 'Headingley'}),
+    ('search', {'area': 'Burley'}),
+    ('search', {'area': 'Hyde Park'}),
+    ('get', {'id': 1}),
+    ('get', {'id': 4}),
+    ('areas', {}),
+]
+
+
+def dropped(app, write, other=None):
+    """Which of READS a committed ``write`` dropped: their indexes, from
+    the hits of the reads after it (in ``other``, another process's app,
+    if given)."""
+    other = other or app
+    call(other, *READS)
+    call(app, write)
+    dropped = []
+    for i, read in enumerate(READS):
+        if call(other, read)['cache']['hit'] == 0:
+            dropped.append(i)
+    return dropped
+
+
+@pytest.fixture
+def app(db_url, apps):
+    return apps(db_url, METHODS)
+
+
+def test_a_write_drops_the_reads_of_its_rows(app):
+    # id 1 is in Headingley: its page, its area's search and the areas.
+    assert dropped(app, ('set_rent', {'id': 1, 'rent': 95})) == [0, 3, 5]
+    assert call(app, ('get', {'id': 1}))['results'][0]['rows'] == [
+        [1, 'Headingley', 95]
+    ]
+
+
+def test_a_row_that_moves_drops_both_areas(app):
+    assert dropped(app, ('move', {'id': 4, 'area': 'Hyde Park'})) == [
+        1, 2, 4, 5
+    ]  # fmt: skip
+    answer = call(app, ('search', {'area': 'Hyde Park'}))
+    assert answer['results'][0]['rows'] == [[3, 80], [4, 70]]
+
+
+def test_inserts_and_deletes_drop_their_rows(app):
+    assert dropped(app, ('add', {'id': 5, 'area': 'Burley', 'rent': 1})) == [
+        1, 5
+    ]  # fmt: skip
+    assert dropped(app, ('remove', {'id': 3})) == [2, 5]
+
+
+def test_a_write_whose_rows_cannot_be_told_drops_the_table(app):
+    assert dropped(app, ('shout', {'id': 3})) == [0, 1, 2, 3, 4, 5]
+
+
+def test_the_rows_a_write_touches_are_found_in_its_transaction(app):
+    log = []
+    engine = app.app.registry.dbtune.router.writer
+    sa.event.listen(
+        engine,
+        'before_cursor_execute',
+        lambda conn, cursor, statement, *args: log.append(statement),
+    )
+    call(app, ('set_rent', {'id': 1, 'rent': 95}))
+    assert [s for s in log if s.startswith(ROWS_TOLD)] == [
+        f'{ROWS_TOLD}SELECT area, id FROM property WHERE id = '
+        + ('?' if engine.dialect.name == 'sqlite' else '%(id)s')
+    ]
+
+
+def test_writes_in_one_process_drop_rows_in_another(
+    sqlite_url, memcached, apps
+):
+    settings = shared_settings(memcached)
+    writer = apps(sqlite_url, METHODS, settings)
+    reader = apps(sqlite_url, METHODS, settings, tables=False)
+    write = ('set_rent', {'id': 4, 'rent': 75})
+    assert dropped(writer, write, reader) == [1, 4, 5]
+
+
+class Base(DeclarativeBase):
+    pass
+
+
+class Property(Base):
+    __tablename__ = 'property'
+    id: Mapped[int] = mapped_column(primary_key=True)
+    area: Mapped[str]
+    rent: Mapped[int]
+
+
+def orm_write(request):
+    """Change property 1's rent, or with ``area``, move it, or with
+    ``new``, add one, by the ORM."""
+    params = request.json_body
+    session = request.dbsession
+    one = session.get(Property, 1)
+    if 'new' in params:
+        session.add(Property(**params['new']))
+    if 'expire' in params:
+        session.expire(one)
+    for name in ('rent', 'area'):
+        if name in params:
+            setattr(one, name, params[name])
+    return 'ok'
+
+
+@pytest.fixture
+def orm_app(sqlite_url, apps):
+    return apps(sqlite_url, METHODS, views={'/orm': orm_write})
+
+
+def orm_dropped(app, body):
+    call(app, *READS)
+    app.post_json('/orm', body)
+    return [
+        i
+        for i, read in enumerate(READS)
+        if not call(app, read)['cache']['hit']
+    ]
+
+
+def test_an_orm_flush_drops_the_reads_of_its_rows(orm_app):
+    assert orm_dropped(orm_app, {'rent': 95}) == [0, 3, 5]
+    assert orm_dropped(orm_app, {'area': 'Burley'}) == [0, 1, 3, 5]
+    assert orm_dropped(
+        orm_app, {'new': {'id': 7, 'area': 'Hyde Park', 'rent': 1}}
+    ) == [2, 5]
+
+
+def test_an_orm_flush_of_values_not_loaded_drops_the_table(orm_app):
+    new = {'id': 7, 'area': 'Hyde Park', 'rent': 1}
+    body = {'expire': True, 'area': 'Burley', 'new': new}
+    assert orm_dropped(orm_app, body) == [0, 1, 2, 3, 4, 5]
+
+
+def test_an_orm_flush_of_a_value_that_is_no_tag_drops_the_table(orm_app):
+    new = {'id': 7, 'area': 'x' * 201, 'rent': 1}
+    body = {'new': new, 'rent': 95}
+    assert orm_dropped(orm_app, body) == [0, 1, 2, 3, 4, 5]
+
+
+class Rent(DeclarativeBase):
+    pass
+
+
+class RentOnly(Rent):
+    """The property table mapped without its area."""
+
+    __tablename__ = 'property'
+    id: Mapped[int] = mapped_column(primary_key=True)
+    rent: Mapped[int]
+
+
+def test_a_mapping_without_a_pinned_column_drops_the_table(sqlite_url, apps):
+    def view(request):
+        request.dbsession.get(RentOnly, 4).rent = 1
+        return 'ok'
+
+    app = apps(sqlite_url, METHODS, views={'/orm': view})
+    assert orm_dropped(app, {}) == [0, 1, 2, 3, 4, 5]
+
+
+def test_a_written_value_that_is_no_tag_drops_the_table(sqlite_url, apps):
+    app = apps(sqlite_url, METHODS)
+    write = ('add', {'id': 9, 'area': 'x' * 201, 'rent': 1})
+    assert dropped(app, write) == [0, 1, 2, 3, 4, 5]
+
+
+def test_a_write_of_a_table_not_there_is_the_databases_error(sqlite_url, apps):
+    ghost = {'name': 'ghost', 'sql': 'SELECT a FROM ghost WHERE a = :a'}
+    haunt = {'name': 'haunt', 'sql': 'UPDATE ghost SET b = :b WHERE a = :a'}
+    app = apps(sqlite_url, [ghost, haunt])
+    with pytest.raises(sa.exc.OperationalError, match='no such table: ghost'):
+        call(app, ('haunt', {'a': 1, 'b': 2}))
+
+
+def test_a_write_of_two_tables_has_no_shape():
+    from pyramid_dbtune import SQLMethod
+
+    sql = 'UPDATE t SET a = :a FROM u WHERE u.id = t.id'
+    assert SQLMethod('both', sql).write_shape is None
+
+
+@pytest.mark.parametrize(
+    'sql, pins',
+    [
+        ('SELECT * FROM t WHERE a = :a AND b <= :b', (('a', 'a'),)),
+        (
+            'SELECT * FROM t x WHERE :p = x.a AND :q = b',
+            (('a', 'p'), ('b', 'q')),
+        ),
+        ('SELECT * FROM t x WHERE x.a = :p', (('a', 'p'),)),
+        ('SELECT * FROM t WHERE a = :a OR b = :b', ()),
+        ('SELECT * FROM t WHERE c BETWEEN :x AND :y AND a = :a', ()),
+        ('SELECT * FROM t JOIN u ON u.id = t.id WHERE a = :a', ()),
+        (
+            'SELECT * FROM t WHERE a = :a UNION SELECT * FROM t WHERE a = :b',
+            (),
+        ),
+        ('SELECT * FROM t WHERE "A" = :a', ()),
+        ("SELECT * FROM t WHERE a = :a AND b = 'it\\'s'", ()),
+        ('SELECT * FROM t WHERE (a = :a OR b = :b) AND c = :c', (('c', 'c'),)),
+        ('SELECT * FROM t GROUP BY a', ()),
+    ],
+)
+def test_read_pins(sql, pins):
+    assert read_pins(sql, frozenset(['t'])) == pins
+
+
+@pytest.mark.parametrize(
+    'sql',
+    [
+        'UPDATE t SET a = 1',
+        'UPDATE s.t SET a = :a WHERE id = :id',
+        'UPDATE t SET a = :a FROM u WHERE u.id = t.id',
+        'UPDATE t SET a = :a WHERE id IN (SELECT id FROM u)',
+        'UPDATE t SET a = :a WHERE id = :id RETURNING id',
+        'DELETE t FROM t WHERE id = :id',
+        'INSERT INTO t SELECT * FROM u',
+        'INSERT INTO t (a) VALUES (:a), (:b)',
+        'INSERT INTO t (a) VALUES (:a) ON CONFLICT DO NOTHING',
+        'INSERT INTO t (a, b) VALUES (:a)',
+        'MERGE INTO t USING u ON t.id = u.id WHEN MATCHED THEN DELETE',
+        "UPDATE t SET a = :a WHERE b = 'it\\'s'",
+        'INSERT INTO t VALUES (:a)',
+        'UPDATE t SET "A" = :a WHERE id = :id',
+        'INSERT INTO t (a) VALUES (:a) RETURNING a',
+        'INSERT INTO "T" (a) VALUES (:a)',
+        'INSERT INTO t (a) SELECT :a',
+        'INSERT INTO t (a) DEFAULT VALUES',
+    ],
+)
+def test_writes_whose_rows_are_not_told(sql):
+    assert write_shape(sql) is None
+
+
+def test_write_shapes():
+    shape = write_shape(
+        "UPDATE t SET a = :a, b = b + 1 WHERE c = 'x (' AND d = :d"
+    )
+    assert shape.table == 't' and shape.sets == {'a': 'a', 'b': None}
+    assert shape.where == "c = 'x (' AND d = :d"
+    shape = write_shape('UPDATE t SET a = "where" WHERE (b = :b)')
+    assert shape.sets == {'a': None} and shape.where == '(b = :b)'
+    shape = write_shape('INSERT INTO t (a, b) VALUES (:a, 5)')
+    assert shape.where is None and shape.sets == {'a': 'a', 'b': None}
+
+
+def test_equal_values_have_one_tag_and_others_none():
+    assert value_tag('t', 'a', '05') == value_tag('t', 'a', 5) == 't.a=5'
+    assert value_tag('t', 'a', ' Léeds') == value_tag('t', 'a', 'LEEDS')
+    assert value_tag('t', 'a', 'x' * 200) == f't.a={"x" * 200!r}'
+    for value in (None, True, 1.5, b'x', [1], 'x' * 201):
+        assert value_tag('t', 'a', value) is None
