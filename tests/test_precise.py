@@ -217,6 +217,17 @@ def test_a_write_of_a_table_not_there_is_the_databases_error(sqlite_url, apps):
         call(app, ('haunt', {'a': 1, 'b': 2}))
 
 
+def test_a_write_of_two_tables_drops_both(sqlite_url, apps):
+    both = {
+        'name': 'both',
+        'sql': 'UPDATE property SET rent = :rent FROM area '
+        'WHERE area.name = property.area AND area.name = :name',
+    }
+    app = apps(sqlite_url, [*METHODS, both])
+    write = ('both', {'rent': 1, 'name': 'Burley'})
+    assert dropped(app, write) == [0, 1, 2, 3, 4, 5]
+
+
 def test_a_write_of_two_tables_has_no_shape():
     from pyramid_dbtune import SQLMethod
 

@@ -199,9 +199,12 @@ class UnitOfWork:
         what it sets them to. Nothing where no read of its table is
         pinned; where they cannot be told, the tag that drops every read
         of its table."""
+        pinned = self.request.registry.dbtune.pinned
+        if len(method.tables) > 1:  # its rows are not told
+            return [any_row(t) for t in method.tables if t in pinned]
         (table,) = method.tables
         shape = method.write_shape
-        columns = sorted(self.request.registry.dbtune.pinned.get(table, ()))
+        columns = sorted(pinned.get(table, ()))
         if not columns:
             return ()
         if (
