@@ -19,6 +19,7 @@ import pytest
 import sqlalchemy as sa
 import transaction
 from pyramid.config import Configurator
+from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
 from webtest import TestApp
 
 from pyramid_dbtune.routing.work import ROWS_TOLD
@@ -148,6 +149,19 @@ def create_tables(url):
             [{'name': 'Headingley'}, {'name': 'Burley'}],
         )
     engine.dispose()
+
+
+class Base(DeclarativeBase):
+    pass
+
+
+class Property(Base):
+    """The property table, mapped for request.dbsession."""
+
+    __tablename__ = 'property'
+    id: Mapped[int] = mapped_column(primary_key=True)
+    area: Mapped[str]
+    rent: Mapped[int]
 
 
 class Fail(Exception):

@@ -679,6 +679,18 @@ def test_large_arguments_are_not_kept_by_the_key_memo(
     assert kept <= 4 * 2**20, f'{kept / 2**20:.1f} MiB kept'
 
 
+def writer_through_a_proxy(url, memcached, apps):
+    """A proxy to memcached, an app that writes through it, and one that
+    reads memcached directly: two processes, as far as caches go."""
+    proxy = Proxy(memcached.port)
+    through = shared_settings(
+        memcached, **{'dbtune.cache.servers': proxy.address}
+    )
+    writer = apps(url, [SEARCH, SET_RENT], through)
+    reader = apps(url, [SEARCH], shared_settings(memcached), tables=False)
+    return proxy, writer, reader
+
+
 def test_a_missed_invalidation_is_made_good_while_its_process_idles(
     sqlite_url, memcached, apps
 ):
@@ -686,14 +698,7 @@ def test_a_missed_invalidation_is_made_good_while_its_process_idles(
     # the reader (another process, as far as caches go) serves the old
     # rows while it is cut. Once memcached answers again, the writer's
     # own thread bumps the epoch, though the writer serves no request.
-    proxy = Proxy(memcached.port)
-    through = shared_settings(
-        memcached, **{'dbtune.cache.servers': proxy.address}
-    )
-    writer = apps(sqlite_url, [SEARCH, SET_RENT], through)
-    reader = apps(
-        sqlite_url, [SEARCH], shared_settings(memcached), tables=False
-    )
+    proxy, writer, reader = writer_through_a_proxy(sqlite_url, memcached, apps)
     search = ('search', {'area': 'Headingley'})
     assert rows_of(call(reader, search)) == [[1, 90], [2, 120]]
     proxy.cut()
@@ -716,14 +721,7 @@ def test_a_missed_invalidation_given_up_waits_for_the_next_use(
 ):
     monkeypatch.setattr(memcached_module, 'MEND_EVERY', 0.02)
     monkeypatch.setattr(memcached_module, 'MEND_FOR', 0.1)
-    proxy = Proxy(memcached.port)
-    through = shared_settings(
-        memcached, **{'dbtune.cache.servers': proxy.address}
-    )
-    writer = apps(sqlite_url, [SEARCH, SET_RENT], through)
-    reader = apps(
-        sqlite_url, [SEARCH], shared_settings(memcached), tables=False
-    )
+    proxy, writer, reader = writer_through_a_proxy(sqlite_url, memcached, apps)
     search = ('search', {'area': 'Headingley'})
     call(reader, search)
     proxy.cut()

@@ -12,7 +12,7 @@ from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
 from pyramid_dbtune.routing.work import ROWS_TOLD
 from pyramid_dbtune.sql.conditions import read_pins, value_tag, write_shape
 
-from conftest import SEARCH, SET_RENT, call, shared_settings
+from conftest import SEARCH, SET_RENT, Property, call, shared_settings
 
 GET = {
     'name': 'get',
@@ -118,17 +118,6 @@ def test_writes_in_one_process_drop_rows_in_another(
     reader = apps(sqlite_url, METHODS, settings, tables=False)
     write = ('set_rent', {'id': 4, 'rent': 75})
     assert dropped(writer, write, reader) == [1, 4, 5]
-
-
-class Base(DeclarativeBase):
-    pass
-
-
-class Property(Base):
-    __tablename__ = 'property'
-    id: Mapped[int] = mapped_column(primary_key=True)
-    area: Mapped[str]
-    rent: Mapped[int]
 
 
 def orm_write(request):

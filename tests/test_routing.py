@@ -14,7 +14,6 @@ from pyramid.request import Request
 from pyramid.response import Response
 from pyramid.scripting import prepare
 from pyramid_retry import IRetryableError
-from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
 from webtest import TestApp
 
 from pyramid_dbtune import WriteInReadError, WriteSlotTimeout
@@ -22,6 +21,7 @@ from pyramid_dbtune.routing.errors import is_retryable
 
 from conftest import (
     POSTGRESQL_URL,
+    Property,
     call,
     create_tables,
     make_app,
@@ -362,17 +362,6 @@ def test_a_statement_error_on_a_reader_is_not_a_failover(sqlite_url, apps):
     with pytest.raises(sa.exc.OperationalError):
         call(app, ('bad', {}))
     assert app.app.registry.dbtune.router.failovers == 0
-
-
-class Base(DeclarativeBase):
-    pass
-
-
-class Property(Base):
-    __tablename__ = 'property'
-    id: Mapped[int] = mapped_column(primary_key=True)
-    area: Mapped[str]
-    rent: Mapped[int]
 
 
 def session_app(url, view, methods=(), settings=None):
