@@ -19,6 +19,7 @@ from pyramid.scripting import prepare
 
 from pyramid_dbtune import Rows
 from pyramid_dbtune.cache import memcached as memcached_module
+from pyramid_dbtune.cache import servers
 from pyramid_dbtune.cache.memcached import decode, encode
 
 from conftest import (
@@ -719,8 +720,8 @@ def test_a_missed_invalidation_is_made_good_while_its_process_idles(
 def test_a_missed_invalidation_given_up_waits_for_the_next_use(
     sqlite_url, memcached, apps, monkeypatch, caplog
 ):
-    monkeypatch.setattr(memcached_module, 'MEND_EVERY', 0.02)
-    monkeypatch.setattr(memcached_module, 'MEND_FOR', 0.1)
+    monkeypatch.setattr(servers, 'MEND_EVERY', 0.02)
+    monkeypatch.setattr(servers, 'MEND_FOR', 0.1)
     proxy, writer, reader = writer_through_a_proxy(sqlite_url, memcached, apps)
     search = ('search', {'area': 'Headingley'})
     call(reader, search)

@@ -26,42 +26,26 @@ import time
 from collections import OrderedDict
 from concurrent.futures import Future
 
-from pymemcache.client.base import Client
 from pymemcache.client.rendezvous import RendezvousHash
-from pymemcache.exceptions import MemcacheUnexpectedCloseError
 
 from ..deploy import forks
 from ..sql.analysis import ANY_TABLE
 from . import MAX_EXPIRY
 from .codec import Unencodable, decode, encode
 from .memory import HIT, MISS, STALE, WAITED, key_size
+from .servers import EPOCH, FAILED, Server, ServerCalls
 
 log = logging.getLogger(__name__)
 
 #: The layout of keys and values; a new one never reads an old one.
 FORMAT = 1
 _SIGNATURE = 32  # bytes of HMAC-SHA256
-_EPOCH = '\0all'  # the generation that invalidating everything bumps
 _LOCK_TIME = 5  # seconds a fill lock lives, if its holder dies
 _MEMO_SIZE = 512
 #: The largest cache key whose memcached name is remembered.
 _MEMO_KEY_BYTES = 4096
 #: How long a miss waits, then again, for another process's fill: 0.5 s.
 _WAITS = (0.001, 0.002, 0.004, 0.008, 0.016, *[0.025] * 18, 0.019)
-_FAILED = object()  # what a call that memcached failed returns
-#: A server that missed an invalidation is asked to make it good this
-#: often (seconds), for at most this long.
-MEND_EVERY = 0.25
-MEND_FOR = 600
-
-
-#: Failures that say a server is unreachable, not that it refused a key:
-#: such a server is set aside for a while (as HashClient does).
-_UNREACHABLE = (OSError, MemcacheUnexpectedCloseError)
-#: A kept connection found closed (memcached restarted, or something
-#: between reset it): asked once more, on a new one; not by RetryingClient,
-#: whose ``__getattr__`` and lambda cost ~1.5 us on every call.
-_CLOSED = (ConnectionResetError, BrokenPipeError, MemcacheUnexpectedCloseError)
 
 
 def kept_for(ttl):
@@ -71,27 +55,7 @@ def kept_for(ttl):
     return min(MAX_EXPIRY, max(1, int(ttl * 2 + 1)))
 
 
-class Server:
-    """One memcached server: its address, this thread's client of it, and
-    until when it is set aside after a failure."""
-
-    def __init__(self, address, options):
-        self.address = address
-        self.options = options
-        self.local = threading.local()
-        self.down_until = 0.0
-
-    def __repr__(self):
-        return '{}:{}'.format(*self.address)
-
-    def client(self):
-        client = getattr(self.local, 'client', None)
-        if client is None:
-            client = self.local.client = Client(self.address, **self.options)
-        return client
-
-
-class MemcachedCache:
+class MemcachedCache(ServerCalls):
     """A cache of query results in memcached, shared by processes.
 
     Counters, as :class:`~pyramid_dbtune.cache.MemoryCache` has them, plus
@@ -206,47 +170,6 @@ class MemcachedCache:
 
     # memcached, with failures as misses
 
-    def _call(self, server, default, method, *args, **kw):
-        """``method(*args, **kw)`` of ``server``'s client, a failure as
-        ``default``: logged once while they last, and an unreachable
-        server set aside for ``dbtune.cache.dead_retry`` seconds."""
-        try:
-            call = getattr(server.client(), method)
-            try:
-                result = call(*args, **kw)
-            except _CLOSED:  # the client closed it: this call opens anew
-                result = call(*args, **kw)
-        except Exception as exc:
-            with self._counting:
-                self.errors += 1
-            if isinstance(exc, _UNREACHABLE):
-                server.down_until = time.monotonic() + self._timeouts[2]
-                self._recheck = 0.0  # the live servers have changed
-            if not self._failing:
-                self._failing = True
-                log.warning(
-                    'memcached %r failed, serving from the database: %s: %s',
-                    server,
-                    exc.__class__.__name__,
-                    exc,
-                )
-            return default
-        if self._failing:
-            self._failing = False
-            log.warning('memcached answers again')
-        return result
-
-    def ping(self):
-        """Raise if no memcached server answers."""
-        failures = []
-        for server in self.by_address.values():
-            try:
-                server.client().get(self._name('ping'))
-                return
-            except Exception as exc:
-                failures.append(f'{server!r}: {exc!r}')
-        raise ConnectionError('; '.join(failures))
-
     # An entry's generations live on the entry's own server, so that a hit
     # is one round trip however many servers there are, and losing a server
     # loses only the entries it held.
@@ -282,68 +205,6 @@ class MemcachedCache:
         aside = [s.down_until for s in servers if s.down_until > now]
         self._recheck = min(aside, default=float('inf'))
 
-    def _on(self, server, default, method, *args, **kw):
-        """Run ``method`` (a name) of ``server``'s client, failures as
-        ``default``. A server that missed an invalidation has its epoch
-        bumped first."""
-        if server is None:
-            return default
-        missed = self._missed and server.address in self._missed
-        if missed and not self._make_good(server):
-            return default
-        return self._call(server, default, method, *args, **kw)
-
-    def _make_good(self, server):
-        """Bump the epoch of ``server``, which missed an invalidation, so
-        that none of its entries is served again; False if it cannot be
-        told."""
-        epoch = self._generation_key(_EPOCH)
-        # None: memcached lost the epoch (a restart), and with it every
-        # entry that depends on it.
-        if self._call(server, _FAILED, 'incr', epoch, 1) is _FAILED:
-            return False
-        self._missed.discard(server.address)
-        return True
-
-    def _missed_invalidation(self, address):
-        """Note that ``address`` missed an invalidation, and make it good
-        from a thread of this process's as soon as the server answers:
-        until then other processes may serve its old entries, and this one
-        may serve no request for a while (:data:`MEND_EVERY`,
-        :data:`MEND_FOR`)."""
-        with self._lock:
-            self._missed.add(address)
-            if self._mender is None or not self._mender.is_alive():
-                self._mender = threading.Thread(
-                    target=self._mend,
-                    name='dbtune-memcached-mend',
-                    daemon=True,
-                )
-                self._mender.start()
-
-    def _mend(self):
-        missed = ', '.join(sorted(map(str, self._missed)))
-        log.warning(
-            'memcached %s missed an invalidation: its epoch is bumped as '
-            'soon as it answers',
-            missed,
-        )
-        for _ in range(int(MEND_FOR / MEND_EVERY)):
-            time.sleep(MEND_EVERY)
-            for address in list(self._missed):
-                self._make_good(self.by_address[address])
-            if not self._missed:
-                log.warning(
-                    'memcached %s: missed invalidation made good', missed
-                )
-                return
-        log.error(
-            'memcached %s: missed invalidation not made good in %d s; it is '
-            "at this process's next use of the server",
-            missed,
-            MEND_FOR,
-        )
-
     # Reading
 
     def _tables(self, tables):
@@ -353,7 +214,7 @@ class MemcachedCache:
             tables = frozenset(tables)
         known = self._table_keys.get(tables)
         if known is None:
-            ordered = (*sorted(tables), _EPOCH)
+            ordered = (*sorted(tables), EPOCH)
             pairs = tuple((t, self._generation_key(t)) for t in ordered)
             known = self._table_keys[tables] = (pairs, [k for _, k in pairs])
             if len(self._table_keys) > _MEMO_SIZE:
@@ -542,7 +403,7 @@ class MemcachedCache:
     def invalidate(self, tables):
         """Bump the generations of ``tables`` (``None``: all) on every
         server: every process's next read of a result over them misses."""
-        names = [_EPOCH] if tables is None else [*tables, ANY_TABLE]
+        names = [EPOCH] if tables is None else [*tables, ANY_TABLE]
         if tables is None:
             # Even the rows no write invalidates go with an unknown write
             # here (other processes keep theirs until their time runs out).
@@ -554,8 +415,8 @@ class MemcachedCache:
                 server = None  # set aside: as if it failed
             for table in names:
                 key = self._generation_key(table)
-                bumped = self._on(server, _FAILED, 'incr', key, 1)
-                if bumped is _FAILED:
+                bumped = self._on(server, FAILED, 'incr', key, 1)
+                if bumped is FAILED:
                     # Unreachable (or taken out as dead): its entries may
                     # now be stale, so its epoch is bumped before it is
                     # read again.
