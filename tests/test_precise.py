@@ -5,12 +5,19 @@ On SQLite, PostgreSQL and MariaDB, in process and through memcached: what
 each write drops is asserted by the hits of the calls after it.
 """
 
+import logging
+
 import pytest
 import sqlalchemy as sa
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
 
 from pyramid_dbtune.routing.work import ROWS_TOLD
-from pyramid_dbtune.sql.conditions import read_pins, value_tag, write_shape
+from pyramid_dbtune.sql.conditions import (
+    read_pins,
+    told,
+    value_tag,
+    write_shape,
+)
 
 from conftest import SEARCH, SET_RENT, Property, call, shared_settings
 
@@ -217,6 +224,31 @@ def test_a_write_of_two_tables_drops_both(sqlite_url, apps):
     assert dropped(app, write) == [0, 1, 2, 3, 4, 5]
 
 
+def test_writes_whose_rows_cannot_be_told_are_named_at_start_up(
+    sqlite_url, apps, caplog
+):
+    caplog.set_level(logging.INFO, 'pyramid_dbtune')
+    some = {
+        'name': 'some',
+        'sql': 'UPDATE property SET rent = :rent WHERE id IN :ids',
+    }
+    both = {
+        'name': 'both',
+        'sql': 'UPDATE property SET rent = :rent FROM area '
+        'WHERE area.name = property.area',
+    }
+    apps(sqlite_url, [*METHODS, some, both])
+    named = sorted(
+        r.getMessage().split()[2:5:2]
+        for r in caplog.records
+        if 'cannot be told' in r.getMessage()
+    )
+    # Not both's area: no read of it is pinned.
+    assert named == [
+        ['both', 'property,'], ['shout', 'property,'], ['some', 'property,'],
+    ]  # fmt: skip
+
+
 def test_a_write_of_two_tables_has_no_shape():
     from pyramid_dbtune import SQLMethod
 
@@ -287,6 +319,8 @@ def test_write_shapes():
     assert shape.sets == {'a': None} and shape.where == '(b = :b)'
     shape = write_shape('INSERT INTO t (a, b) VALUES (:a, 5)')
     assert shape.where is None and shape.sets == {'a': 'a', 'b': None}
+    assert told(shape, ['a']) and not told(shape, ['a', 'b'])
+    assert not told(shape, ['c']) and not told(None, ['a'])
 
 
 def test_equal_values_have_one_tag_and_others_none():

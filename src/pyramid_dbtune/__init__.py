@@ -4,6 +4,7 @@ Include it with ``config.include('pyramid_dbtune')`` (or
 ``pyramid.includes = pyramid_dbtune``); see :doc:`quickstart`.
 """
 
+import logging
 from pathlib import Path
 
 from pyramid.exceptions import ConfigurationError
@@ -21,6 +22,8 @@ from .sql import zsql
 from .sql.method import SQLFileError, SQLMethod
 from .sql.rows import Record, Rows
 from .sql.zsql import ZSQLMethod
+
+log = logging.getLogger(__name__)
 
 __all__ = [
     'DBTune',
@@ -96,6 +99,17 @@ def add_sql_methods(config, spec):
     return [add_sql_method(config, m) for _, m in loaded.values()]
 
 
+def _say_untold(dbtune):
+    for name, table in dbtune.untold_writes():
+        log.info(
+            'SQL method %s writes %s, whose cached reads are dropped by row, '
+            'but the rows it touches cannot be told from its text: each of '
+            'its writes drops them all (see "By row" in the docs)',
+            name,
+            table,
+        )
+
+
 def _check_overrides(dbtune):
     settings = dbtune.settings
     for prefix, overrides in (
@@ -166,6 +180,7 @@ def includeme(config):
     settings_config = config.with_package(config.package)
     settings_config.info = _Settings()
     settings_config.action(None, _check_overrides, args=(dbtune,), order=10)
+    settings_config.action(None, _say_untold, args=(dbtune,), order=10)
     settings_config.action(
         None,
         _settings.check_unchanged,

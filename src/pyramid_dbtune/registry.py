@@ -7,6 +7,7 @@ from pyramid.exceptions import ConfigurationError
 
 from .cache import MAX_EXPIRY, make_cache
 from .routing.engines import Router
+from .sql.conditions import told
 from .sql.method import SQLMethod
 
 
@@ -55,6 +56,25 @@ class DBTune:
         #: table: the columns that SQL methods' reads of it are pinned by
         #: (a write of the table tells its rows by those)
         self.pinned = {}
+
+    def untold_writes(self):
+        """``(method, table)`` of each write whose rows cannot be told
+        from its text, though reads of its table are pinned: each of its
+        writes drops every cached read of the table."""
+        found = []
+        for registered in self.methods.values():
+            method = registered.method
+            for table in sorted(method.tables or ()):
+                columns = self.pinned.get(table)
+                if not columns or not method.writes:
+                    continue
+                if (
+                    len(method.tables) > 1
+                    or method.list_params
+                    or not (told(method.write_shape, columns))
+                ):
+                    found.append((method.name, table))
+        return found
 
     def cache_time(self, method):
         """The seconds ``method``'s rows are kept, settings applied."""

@@ -21,7 +21,7 @@ import transaction.interfaces
 from zope.sqlalchemy import mark_changed, register
 
 from ..convert import whole_number
-from ..sql.conditions import any_row, value_tag
+from ..sql.conditions import any_row, told, value_tag
 from .engines import fetch
 from .errors import (
     WriteSlotTimeout,
@@ -208,9 +208,8 @@ class UnitOfWork:
         if not columns:
             return ()
         if (
-            shape is None
-            or method.list_params
-            or any(shape.sets.get(c, '') is None for c in columns)
+            method.list_params
+            or not told(shape, columns)
             or not set(columns) <= self.router.columns(session, table)
         ):
             return (any_row(table),)
@@ -218,7 +217,7 @@ class UnitOfWork:
             c: params.get(shape.sets[c]) for c in columns if c in shape.sets
         }
         if shape.where is None:  # an INSERT
-            rows = [new] if len(new) == len(columns) else None
+            rows = [new]
         else:
             select = sa.text(
                 f'{ROWS_TOLD}SELECT {", ".join(columns)} FROM {shape.table} '

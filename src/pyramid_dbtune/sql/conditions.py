@@ -163,6 +163,17 @@ class WriteShape:
     sets: dict
 
 
+def told(shape, columns):
+    """Whether a write of ``shape`` tells the ``columns`` of the rows it
+    touches: as they were (its WHERE finds them) and as they will be (it
+    sets each to a parameter, or leaves it)."""
+    if shape is None:
+        return False
+    if any(shape.sets.get(c, '') is None for c in columns):
+        return False  # set to an expression
+    return shape.where is not None or set(columns) <= shape.sets.keys()
+
+
 def write_shape(sql):
     """The :class:`WriteShape` of a single-table ``UPDATE ... SET ...
     WHERE``, ``DELETE FROM ... WHERE`` or ``INSERT INTO t (...) VALUES
