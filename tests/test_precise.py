@@ -5,6 +5,7 @@ On SQLite, PostgreSQL and MariaDB, in process and through memcached: what
 each write drops is asserted by the hits of the calls after it.
 """
 
+import enum
 import logging
 
 import pytest
@@ -327,5 +328,12 @@ def test_equal_values_have_one_tag_and_others_none():
     assert value_tag('t', 'a', '05') == value_tag('t', 'a', 5) == 't.a=5'
     assert value_tag('t', 'a', ' Léeds') == value_tag('t', 'a', 'LEEDS')
     assert value_tag('t', 'a', 'x' * 200) == f't.a={"x" * 200!r}'
-    for value in (None, True, 1.5, b'x', [1], 'x' * 201):
+
+    class Rooms(enum.IntEnum):
+        TWO = 2
+
+    assert value_tag('t', 'a', Rooms.TWO) == 't.a=2'
+    # MySQL finds 5 = '5 rooms' = '5.0', and 0 = 'any word'.
+    for value in (None, True, 1.5, b'x', [1], 'x' * 201, '5 rooms', '5.0',
+                  '.5', 0, '0', ' ', ''):  # fmt: skip
         assert value_tag('t', 'a', value) is None

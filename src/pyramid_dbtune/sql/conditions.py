@@ -28,6 +28,8 @@ _PLAIN = re.compile(r'[a-z_][a-z0-9_]*\Z')
 
 
 _INTEGER = re.compile(r'[+-]?\d+\Z')
+#: What MySQL reads a number from, comparing a string with one.
+_NUMBER_LIKE = re.compile(r'[+-]?\.?\d')
 #: Unicode's combining marks (accents), once a string is decomposed.
 _ACCENTS = re.compile(
     '[\u0300-\u036f\u1ab0-\u1aff\u1dc0-\u1dff\u20d0-\u20ff\ufe20-\ufe2f]'
@@ -49,9 +51,12 @@ def value_tag(table, column, value):
 
     Values a database may find equal have one tag: ``'05'`` and ``5``;
     strings whatever their case, accents and the spaces around them (as
-    MySQL's ``_ci`` collations compare them). Equal values must never have
-    two tags (a write would miss a read's rows); unequal ones may share one
-    (a read is dropped that need not be).
+    MySQL's ``_ci`` collations compare them). As MySQL compares a string
+    with a number by the number it begins with, or 0, neither 0 nor a
+    string that begins like a number (``'5.0'``, ``'5 rooms'``) has one.
+    Equal values must never have two tags (a write would miss a read's
+    rows); unequal ones may share one (a read is dropped that need not
+    be).
     """
     if isinstance(value, bool) or not isinstance(value, int | str):
         return None
@@ -65,9 +70,14 @@ def _tag(table, column, value):
     if isinstance(value, str):
         text = value.strip()
         if not _INTEGER.match(text):
+            if not text or _NUMBER_LIKE.match(text):
+                return None  # MySQL may read it as a number, or as 0
             text = unicodedata.normalize('NFKD', text)
             return f'{table}.{column}={_ACCENTS.sub("", text).casefold()!r}'
-        value = int(text)
+        value = text
+    value = int(value)
+    if not value:
+        return None  # MySQL finds 0 equal to every string not a number
     return f'{table}.{column}={value}'
 
 
