@@ -112,9 +112,11 @@ def test_the_rows_a_write_touches_are_found_in_its_transaction(app):
         lambda conn, cursor, statement, *args: log.append(statement),
     )
     call(app, ('set_rent', {'id': 1, 'rent': 95}))
+    # Locked where another writer could change the rows first.
+    sqlite = engine.dialect.name == 'sqlite'
     assert [s for s in log if s.startswith(ROWS_TOLD)] == [
         f'{ROWS_TOLD}SELECT area, id FROM property WHERE id = '
-        + ('?' if engine.dialect.name == 'sqlite' else '%(id)s')
+        + ('?' if sqlite else '%(id)s\nFOR UPDATE')
     ]
 
 
@@ -337,3 +339,41 @@ def test_equal_values_have_one_tag_and_others_none():
     for value in (None, True, 1.5, b'x', [1], 'x' * 201, '5 rooms', '5.0',
                   '.5', 0, '0', ' ', ''):  # fmt: skip
         assert value_tag('t', 'a', value) is None
+
+
+@pytest.mark.parametrize('server_url', ['postgresql', 'mysql'], indirect=True)
+def test_rows_changed_by_another_writer_before_the_write_are_told(
+    server_url, apps
+):
+    # The request has begun its transaction (MySQL's snapshot is taken)
+    # when another connection moves property 2 to Burley, and a search of
+    # Burley caches it there. The request then moves it on: the rows it
+    # tells must be those it changes (Burley's), not its snapshot's.
+    import threading
+
+    ready, go = threading.Event(), threading.Event()
+
+    def two_writes(request):
+        request.sql.set_rent(id=1, rent=1)
+        ready.set()
+        go.wait(30)
+        request.sql.move(id=2, area='Hyde Park')
+        return 'ok'
+
+    app = apps(server_url, METHODS, views={'/two': two_writes})
+    writing = threading.Thread(target=lambda: app.get('/two'))
+    writing.start()
+    try:
+        assert ready.wait(30)
+        engine = sa.create_engine(server_url)
+        with engine.begin() as connection:
+            connection.execute(
+                sa.text("UPDATE property SET area = 'Burley' WHERE id = 2")
+            )
+        engine.dispose()
+        burley = ('search', {'area': 'Burley'})
+        assert call(app, burley)['results'][0]['rows'] == [[2, 120], [4, 70]]
+    finally:
+        go.set()
+        writing.join(30)
+    assert call(app, burley)['results'][0]['rows'] == [[4, 70]]

@@ -219,9 +219,13 @@ class UnitOfWork:
         if shape.where is None:  # an INSERT
             rows = [new]
         else:
+            # Locked: the rows as the write will find them, which no other
+            # transaction changes before it does (a plain SELECT reads
+            # MySQL's snapshot). SQLite has one writer at a time.
+            lock = '' if self.router.dialect == 'sqlite' else '\nFOR UPDATE'
             select = sa.text(
                 f'{ROWS_TOLD}SELECT {", ".join(columns)} FROM {shape.table} '
-                f'WHERE {shape.where}'
+                f'WHERE {shape.where}{lock}'
             )
             old = (
                 session.execute(
