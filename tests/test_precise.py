@@ -377,3 +377,81 @@ def test_rows_changed_by_another_writer_before_the_write_are_told(
         go.set()
         writing.join(30)
     assert call(app, burley)['results'][0]['rows'] == [[4, 70]]
+
+
+@pytest.mark.parametrize('server_url', ['postgresql', 'mysql'], indirect=True)
+def test_orm_rows_changed_by_another_writer_since_loaded_are_told(
+    server_url, apps
+):
+    # As above, by the ORM: the request loaded property 2 in Headingley
+    # before another connection moved it to Burley; its rent change then
+    # lands on a Burley row.
+    import threading
+
+    ready, go = threading.Event(), threading.Event()
+
+    def late_write(request):
+        two = request.dbsession.get(Property, 2)
+        ready.set()
+        go.wait(30)
+        two.rent = 5
+        return 'ok'
+
+    app = apps(server_url, METHODS, views={'/late': late_write})
+    writing = threading.Thread(target=lambda: app.get('/late'))
+    writing.start()
+    burley = ('search', {'area': 'Burley'})
+    try:
+        assert ready.wait(30)
+        engine = sa.create_engine(server_url)
+        with engine.begin() as connection:
+            connection.execute(
+                sa.text("UPDATE property SET area = 'Burley' WHERE id = 2")
+            )
+        engine.dispose()
+        assert call(app, burley)['results'][0]['rows'] == [[2, 120], [4, 70]]
+    finally:
+        go.set()
+        writing.join(30)
+    assert call(app, burley)['results'][0]['rows'] == [[2, 5], [4, 70]]
+
+
+class Keyed(DeclarativeBase):
+    pass
+
+
+class ByAreaAndId(Keyed):
+    """The property table mapped with a primary key of two columns."""
+
+    __tablename__ = 'property'
+    id: Mapped[int] = mapped_column(primary_key=True)
+    area: Mapped[str] = mapped_column(primary_key=True)
+    rent: Mapped[int]
+
+
+def test_orm_rows_not_found_by_one_key_column_drop_the_table(sqlite_url, apps):
+    def view(request):
+        request.dbsession.get(ByAreaAndId, (4, 'Burley')).rent = 1
+        return 'ok'
+
+    app = apps(sqlite_url, METHODS, views={'/orm': view})
+    assert orm_dropped(app, {}) == [0, 1, 2, 3, 4, 5]
+
+
+def test_orm_rows_stored_with_a_value_that_is_no_tag_drop_the_table(
+    sqlite_url, apps
+):
+    def view(request):
+        four = request.dbsession.get(Property, 4)
+        other = sa.create_engine(sqlite_url)  # another writer, meanwhile
+        with other.begin() as connection:
+            connection.execute(
+                sa.text('UPDATE property SET area = :long WHERE id = 4'),
+                {'long': 'x' * 201},
+            )
+        other.dispose()
+        four.rent = 1
+        return 'ok'
+
+    app = apps(sqlite_url, METHODS, views={'/orm': view})
+    assert orm_dropped(app, {}) == [0, 1, 2, 3, 4, 5]

@@ -59,6 +59,7 @@ def _before_flush(session, flush_context, instances):
     changed = [o for o in session.dirty if session.is_modified(o)]
     pinned = unit.request.registry.dbtune.pinned
     touched = {}  # table name: the tags of the rows, None if untold
+    stored = {}  # table: the states of its rows in the database
     for obj in (*session.new, *changed, *session.deleted):
         state = sa.inspect(obj)
         for table in state.mapper.tables:
@@ -68,10 +69,43 @@ def _before_flush(session, flush_context, instances):
                 touched[name] = (
                     None if tags is None else tags | touched.get(name, set())
                 )
+                if name in pinned and not state.pending:
+                    stored.setdefault(table, []).append(state)
     for name, tags in touched.items():
         unit.begin_write({name}, _WHAT, tags)
+    for table, states in stored.items():
+        name = table.name.lower()
+        if touched[name] is not None:
+            found = _stored(session, table, states, sorted(pinned[name]))
+            unit.begin_write({name}, _WHAT, found)
     if touched:
         session.info['dbtune_flush'] = perf_counter()
+
+
+def _stored(session, table, states, columns):
+    """The tags of the rows of ``states`` as ``table`` holds them now,
+    locked until the commit: another transaction may have changed them
+    since they were loaded. None where they cannot be found by one
+    primary key column."""
+    key = list(table.primary_key.columns)
+    if len(key) != 1 or any(
+        len(s.mapper.primary_key) != 1 or s.mapper.primary_key[0] is not key[0]
+        for s in states
+    ):
+        return None
+    select = (
+        sa.select(*(table.c[c] for c in columns))
+        .where(key[0].in_([s.identity[0] for s in states]))
+        .with_for_update()
+    )
+    rows = session.execute(select, execution_options={'dbtune_routed': True})
+    name = table.name.lower()
+    tags = {
+        value_tag(name, c, v)
+        for row in rows
+        for c, v in zip(columns, row, strict=True)
+    }
+    return None if None in tags else tags
 
 
 def _tags(state, table, columns):
