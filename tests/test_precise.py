@@ -455,3 +455,15 @@ def test_orm_rows_stored_with_a_value_that_is_no_tag_drop_the_table(
 
     app = apps(sqlite_url, METHODS, views={'/orm': view})
     assert orm_dropped(app, {}) == [0, 1, 2, 3, 4, 5]
+
+
+def test_a_calls_tags_are_remembered_and_bounded(sqlite_url, apps):
+    search = apps(sqlite_url, [SEARCH]).app.registry.dbtune.methods['search']
+    tags = search.tags({'area': 'Burley'})
+    assert tags == {'property?', "property.area='burley'"}
+    assert search.tags({'area': 'Burley'}) is tags
+    for i in range(5000):
+        search.tags({'area': f'area {i}'})
+    assert len(search._memo) <= 4096
+    # An argument that can be no tag (a list, unhashable too): the table.
+    assert search.tags({'area': ['Burley']}) == {'property'}

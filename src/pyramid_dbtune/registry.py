@@ -1,14 +1,18 @@
 """What ``registry.dbtune`` holds: the parsed settings, the engines, the
 cache, and the SQL methods as registered."""
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from operator import itemgetter
 
 from pyramid.exceptions import ConfigurationError
 
 from .cache import MAX_EXPIRY, make_cache
 from .routing.engines import Router
-from .sql.conditions import told
+from .sql.conditions import any_row, told, value_tag
 from .sql.method import SQLMethod
+
+#: Tags remembered for each method's calls, at the most.
+_MEMO_SIZE = 4096
 
 
 @dataclass(frozen=True)
@@ -26,6 +30,36 @@ class Registered:
     #: its ``(column, parameter)`` pins (``SQLMethod.pins``), where its
     #: rows are invalidated by row
     pins: tuple = ()
+    _memo: dict = field(default_factory=dict, repr=False, compare=False)
+
+    def __post_init__(self):
+        names = [parameter for _, parameter in self.pins] or ['']
+        object.__setattr__(self, '_values', itemgetter(*names))
+
+    def tags(self, params):
+        """What drops the cached rows of a call with ``params``: writes
+        that touch rows whose pinned columns hold its arguments, and
+        writes of its table whose rows cannot be told; its tables where
+        it has no pins, or an argument can be no tag. Remembered: this is
+        the cache-hit path."""
+        if not self.pins:
+            return self.invalidated_by
+        values = self._values(params)
+        try:
+            return self._memo[values]
+        except (KeyError, TypeError):  # not yet, or unhashable
+            pass
+        (table,) = self.invalidated_by
+        tags = [any_row(table)]
+        for column, parameter in self.pins:
+            tag = value_tag(table, column, params[parameter])
+            if tag is None:
+                return self.invalidated_by
+            tags.append(tag)
+        if len(self._memo) >= _MEMO_SIZE:
+            self._memo.clear()
+        tags = self._memo[values] = frozenset(tags)
+        return tags
 
 
 class DBTune:

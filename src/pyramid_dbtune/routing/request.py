@@ -7,7 +7,6 @@ from time import perf_counter
 from sqlalchemy.exc import DBAPIError
 
 from ..cache import HIT, MISS, STALE, WAITED
-from ..sql.conditions import any_row, value_tag
 from .errors import (
     WriteInReadError,
     is_read_only_refusal,
@@ -95,21 +94,13 @@ def _freeze(value):
 class BoundSQLMethod:
     """``request.sql.<name>``: a SQL method bound to one request."""
 
-    __slots__ = (
-        'method',
-        'cache_time',
-        '_key',
-        '_tables',
-        '_pins',
-        '_context',
-    )
+    __slots__ = ('method', 'cache_time', '_key', '_tags', '_context')
 
     def __init__(self, registered, context):
         self.method = registered.method
         self.cache_time = registered.cache_time
         self._key = registered.key
-        self._tables = registered.invalidated_by
-        self._pins = registered.pins
+        self._tags = registered.tags
         self._context = context
 
     def __repr__(self):
@@ -149,27 +140,13 @@ class BoundSQLMethod:
         rows, status = context.dbtune.cache.get_or_fill(
             key,
             self.cache_time,
-            self._pinned(params) if self._pins else self._tables,
+            self._tags(params),
             context.read,
             method,
             params,
         )
         context.cache[status] += 1
         return rows
-
-    def _pinned(self, params):
-        """What drops this call's rows: writes that touch rows whose
-        pinned columns hold its arguments, and writes of the table whose
-        rows cannot be told; its table's name where an argument cannot
-        be a tag."""
-        (table,) = self._tables
-        tags = [any_row(table)]
-        for column, parameter in self._pins:
-            tag = value_tag(table, column, params.get(parameter))
-            if tag is None:
-                return self._tables
-            tags.append(tag)
-        return frozenset(tags)
 
 
 class SQLNamespace:
