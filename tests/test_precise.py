@@ -7,6 +7,7 @@ each write drops is asserted by the hits of the calls after it.
 
 import enum
 import logging
+import threading
 
 import pytest
 import sqlalchemy as sa
@@ -341,6 +342,28 @@ def test_equal_values_have_one_tag_and_others_none():
         assert value_tag('t', 'a', value) is None
 
 
+def race_another_writer(app, path, url, ready, go):
+    """GET ``path`` in a thread; once its view is ``ready``, move property
+    2 to Burley by another connection and cache Burley's search, then let
+    the view ``go`` on. Burley's search, to call after."""
+    writing = threading.Thread(target=lambda: app.get(path))
+    writing.start()
+    burley = ('search', {'area': 'Burley'})
+    try:
+        assert ready.wait(30)
+        engine = sa.create_engine(url)
+        with engine.begin() as connection:
+            connection.execute(
+                sa.text("UPDATE property SET area = 'Burley' WHERE id = 2")
+            )
+        engine.dispose()
+        assert call(app, burley)['results'][0]['rows'] == [[2, 120], [4, 70]]
+    finally:
+        go.set()
+        writing.join(30)
+    return burley
+
+
 @pytest.mark.parametrize('server_url', ['postgresql', 'mysql'], indirect=True)
 def test_rows_changed_by_another_writer_before_the_write_are_told(
     server_url, apps
@@ -349,8 +372,6 @@ def test_rows_changed_by_another_writer_before_the_write_are_told(
     # when another connection moves property 2 to Burley, and a search of
     # Burley caches it there. The request then moves it on: the rows it
     # tells must be those it changes (Burley's), not its snapshot's.
-    import threading
-
     ready, go = threading.Event(), threading.Event()
 
     def two_writes(request):
@@ -361,21 +382,7 @@ def test_rows_changed_by_another_writer_before_the_write_are_told(
         return 'ok'
 
     app = apps(server_url, METHODS, views={'/two': two_writes})
-    writing = threading.Thread(target=lambda: app.get('/two'))
-    writing.start()
-    try:
-        assert ready.wait(30)
-        engine = sa.create_engine(server_url)
-        with engine.begin() as connection:
-            connection.execute(
-                sa.text("UPDATE property SET area = 'Burley' WHERE id = 2")
-            )
-        engine.dispose()
-        burley = ('search', {'area': 'Burley'})
-        assert call(app, burley)['results'][0]['rows'] == [[2, 120], [4, 70]]
-    finally:
-        go.set()
-        writing.join(30)
+    burley = race_another_writer(app, '/two', server_url, ready, go)
     assert call(app, burley)['results'][0]['rows'] == [[4, 70]]
 
 
@@ -386,8 +393,6 @@ def test_orm_rows_changed_by_another_writer_since_loaded_are_told(
     # As above, by the ORM: the request loaded property 2 in Headingley
     # before another connection moved it to Burley; its rent change then
     # lands on a Burley row.
-    import threading
-
     ready, go = threading.Event(), threading.Event()
 
     def late_write(request):
@@ -398,21 +403,7 @@ def test_orm_rows_changed_by_another_writer_since_loaded_are_told(
         return 'ok'
 
     app = apps(server_url, METHODS, views={'/late': late_write})
-    writing = threading.Thread(target=lambda: app.get('/late'))
-    writing.start()
-    burley = ('search', {'area': 'Burley'})
-    try:
-        assert ready.wait(30)
-        engine = sa.create_engine(server_url)
-        with engine.begin() as connection:
-            connection.execute(
-                sa.text("UPDATE property SET area = 'Burley' WHERE id = 2")
-            )
-        engine.dispose()
-        assert call(app, burley)['results'][0]['rows'] == [[2, 120], [4, 70]]
-    finally:
-        go.set()
-        writing.join(30)
+    burley = race_another_writer(app, '/late', server_url, ready, go)
     assert call(app, burley)['results'][0]['rows'] == [[2, 5], [4, 70]]
 
 
