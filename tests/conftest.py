@@ -9,11 +9,14 @@ import functools
 import os
 import random
 import shutil
+import signal
 import socket
 import subprocess
+import tempfile
 import threading
 import time
 import uuid
+from pathlib import Path
 
 import pytest
 import sqlalchemy as sa
@@ -115,6 +118,13 @@ def postgresql_url():
 
 
 @pytest.fixture
+def mysql_url():
+    url, drop = _mysql_database()
+    yield url
+    drop()
+
+
+@pytest.fixture
 def sqlite_url(tmp_path):
     return f'sqlite:///{tmp_path / "test.sqlite"}'
 
@@ -201,6 +211,11 @@ SEARCH = {
     'sql': 'SELECT id, rent FROM property WHERE area = :area ORDER BY id',
     'cache_time': 20,
 }
+GET = {
+    'name': 'get',
+    'sql': 'SELECT id, area, rent FROM property WHERE id = :id',
+    'cache_time': 20,
+}
 SET_RENT = {
     'name': 'set_rent',
     'sql': 'UPDATE property SET rent = :rent WHERE id = :id',
@@ -244,7 +259,7 @@ def apps():
 
     yield factory
     for app in made:
-        app.app.registry.dbtune.router.dispose()
+        app.app.registry.dbtune.close()
 
 
 def call(app, *calls, fail=False, status=200):
@@ -572,3 +587,98 @@ def kept_by_large_calls(app, calls=150):
         return tracemalloc.get_traced_memory()[0] - before
     finally:
         tracemalloc.stop()
+
+
+def _postgresql_bin(name):
+    """A PostgreSQL server program: on the PATH, or where Debian's
+    postgresql packages put it (the newest version)."""
+    found = shutil.which(name)
+    if found:
+        return found
+    versions = sorted(
+        Path('/usr/lib/postgresql').glob(f'*/bin/{name}'),
+        key=lambda p: int(p.parts[-3]) if p.parts[-3].isdigit() else 0,
+    )
+    if not versions:
+        server_missing(f'PostgreSQL ({name})', 'not installed')
+    return str(versions[-1])
+
+
+def free_port():
+    """A loopback port below Linux's ephemeral range that is free now."""
+    for _ in range(50):
+        port = random.randrange(20000, 32000)
+        with socket.socket() as s:
+            try:
+                s.bind(('127.0.0.1', port))
+            except OSError:
+                continue
+            return port
+    raise OSError('no free loopback port')
+
+
+class PostgreSQL:
+    """A PostgreSQL server of the test's own, in a temporary directory, on
+    a free loopback port: made by ``initdb`` (as ``nobody`` when the tests
+    run as root, which PostgreSQL refuses), stopped and started again by
+    the test, and removed at the end."""
+
+    def __init__(self):
+        self.user = 'nobody' if os.geteuid() == 0 else None
+        self.dir = Path(tempfile.mkdtemp(prefix='dbtune-pg-'))
+        if self.user:
+            shutil.chown(self.dir, self.user)
+        self.data = self.dir / 'data'
+        subprocess.run(
+            [_postgresql_bin('initdb'), '-D', str(self.data), '-A', 'trust',
+             '-U', 'postgres', '--no-sync', '-E', 'UTF8'],
+            user=self.user, check=True, capture_output=True,
+        )  # fmt: skip
+        self.port = free_port()
+        self.url = (
+            f'postgresql+psycopg://postgres@127.0.0.1:{self.port}/postgres'
+        )
+        self.process = None
+        self.start()
+
+    def start(self):
+        self.process = subprocess.Popen(
+            [_postgresql_bin('postgres'), '-D', str(self.data),
+             '-p', str(self.port), '-k', str(self.dir),
+             '-c', 'listen_addresses=127.0.0.1', '-c', 'fsync=off'],
+            user=self.user,
+            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+        )  # fmt: skip
+        engine = sa.create_engine(self.url, poolclass=sa.pool.NullPool)
+        deadline = time.monotonic() + 30
+        try:
+            while True:
+                try:
+                    with engine.connect():
+                        return
+                except sa.exc.OperationalError as exc:
+                    if self.process.poll() is not None or (
+                        time.monotonic() > deadline
+                    ):
+                        server_missing(f'PostgreSQL on {self.port}', exc)
+                    time.sleep(0.05)
+        finally:
+            engine.dispose()
+
+    def stop(self):
+        """A fast shutdown: connections are cut, as at a restart."""
+        if self.process is not None and self.process.poll() is None:
+            self.process.send_signal(signal.SIGINT)
+            self.process.wait(30)
+        self.process = None
+
+    def remove(self):
+        self.stop()
+        shutil.rmtree(self.dir, ignore_errors=True)
+
+
+@pytest.fixture
+def own_postgresql():
+    server = PostgreSQL()
+    yield server
+    server.remove()

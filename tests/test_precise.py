@@ -21,13 +21,8 @@ from pyramid_dbtune.sql.conditions import (
     write_shape,
 )
 
-from conftest import SEARCH, SET_RENT, Property, call, shared_settings
+from conftest import GET, SEARCH, SET_RENT, Property, call, shared_settings
 
-GET = {
-    'name': 'get',
-    'sql': 'SELECT id, area, rent FROM property WHERE id = :id',
-    'cache_time': 20,
-}
 AREAS = {
     'name': 'areas',
     'sql': 'SELECT area, count(*) AS n FROM property GROUP BY area',

@@ -171,6 +171,10 @@ def includeme(config):
     if parsed.dbsession:
         # After the application's actions: it may add its own.
         config.action(None, session.provide, args=(config.registry,), order=1)
+    if parsed.cache_listen:
+        from .cache import changes
+
+        config.action(None, changes.start, args=(dbtune,), order=10)
     if dbtune.views:
         access.add_route(config)
     # After every other action: overrides may only name registered methods,

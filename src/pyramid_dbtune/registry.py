@@ -90,6 +90,16 @@ class DBTune:
         #: table: the columns that SQL methods' reads of it are pinned by
         #: (a write of the table tells its rows by those)
         self.pinned = {}
+        #: with ``dbtune.cache.listen``, the thread that hears of changes
+        #: (:class:`~pyramid_dbtune.cache.changes.Listener`)
+        self.listener = None
+
+    def close(self):
+        """Stop the listener, and close the engines' connections."""
+        if self.listener is not None:
+            self.listener.stop()
+        if self.router is not None:
+            self.router.dispose()
 
     def untold_writes(self):
         """``(method, table)`` of each write whose rows cannot be told

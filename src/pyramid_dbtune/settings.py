@@ -12,6 +12,7 @@ from dataclasses import dataclass, field, make_dataclass
 from types import MappingProxyType
 
 from pyramid.exceptions import ConfigurationError
+from sqlalchemy.engine import make_url
 
 from .convert import (
     Invalid,
@@ -156,6 +157,16 @@ TABLE = (
     Setting('cache.default_time', as_seconds, 0, doc=(
         'Seconds to cache the results of SQL methods that name no '
         '``cache_time`` of their own (``0``: not cached).')),
+    Setting('cache.listen', as_bool, False, doc=(
+        'Whether each process hears of the changes committed to the '
+        'database by anyone (``psql``, a cron job, another application), and '
+        'drops the cached results they could have changed: PostgreSQL, MySQL '
+        'and MariaDB, once ``dbtune triggers`` has installed the triggers '
+        '(see :doc:`sqlmethods`).')),
+    Setting('cache.listen_every', positive_seconds, 0.25, doc=(
+        'With ``cache.listen`` on MySQL and MariaDB: seconds between two '
+        'reads of the changes (PostgreSQL sends them as they commit). On '
+        'PostgreSQL, how often the listener looks up from waiting.')),
     Setting('fast_paths', as_fast_paths, None, doc=(
         'Paths answered before Pyramid builds a request: whitespace-separated '
         '``/path=answer`` items, where the answer is a text or ``python:`` '
@@ -360,8 +371,31 @@ def parse(settings):
                         else ' (host:port items such as 127.0.0.1:11211)'
                     )
                 )
+    if values['cache.listen']:
+        _check_listen(values['url'])
     return Settings(
         **{name.replace('.', '_'): value for name, value in values.items()},
         cache_times=MappingProxyType(per_method[CACHE_TIME_PREFIX]),
         invalidates=MappingProxyType(per_method[INVALIDATE_PREFIX]),
     )
+
+
+def _check_listen(url):
+    """Raise unless the database of ``url`` can tell of its changes."""
+    name = PREFIX + 'cache.listen'
+    if url is None:
+        raise ConfigurationError(
+            f'{name} needs a database: set {PREFIX}url (or sqlalchemy.url)'
+        )
+    url = make_url(url)
+    backend = url.get_backend_name()
+    if backend not in ('postgresql', 'mysql', 'mariadb'):
+        raise ConfigurationError(
+            f'{name}: {backend} cannot tell of the changes made outside the '
+            'application (PostgreSQL, MySQL and MariaDB can)'
+        )
+    if backend == 'postgresql' and url.get_driver_name() != 'psycopg':
+        raise ConfigurationError(
+            f'{name} needs psycopg (version 3) on PostgreSQL: a '
+            'postgresql+psycopg:// URL'
+        )

@@ -1,14 +1,15 @@
 """The ``dbtune`` command.
 
     dbtune threadcheck URL [--concurrency N] [--duration S] [--json]
+    dbtune triggers CONFIG_URI [--drop] [--sql]
 
-See :doc:`threadcheck`.
+See :doc:`threadcheck` and :doc:`sqlmethods`.
 """
 
 import argparse
 import sys
 
-from . import threadcheck
+from . import threadcheck, triggers
 
 
 def main(argv=None):
@@ -20,6 +21,7 @@ def main(argv=None):
         title='commands', dest='command', required=True
     )
     threadcheck.add_parser(commands)
+    triggers.add_parser(commands)
     args = parser.parse_args(argv)
     try:
         return args.run(args)

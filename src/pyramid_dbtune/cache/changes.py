@@ -1,0 +1,471 @@
+"""Writes made anywhere: the database tells every process what changed.
+
+``dbtune triggers`` installs triggers on the tables that cached SQL
+methods read. Each committed change then reaches a thread of every
+process (``dbtune.cache.listen``), which drops the cached reads it could
+have changed, by row where the reads are pinned:
+
+- PostgreSQL: statement triggers send a ``NOTIFY`` at commit, with the
+  pinned columns of the rows changed; the thread ``LISTEN`` s on a
+  connection of its own.
+- MySQL and MariaDB, which have no ``NOTIFY``: row triggers add a row to
+  the table ``dbtune_changes``, in the write's transaction; the thread
+  reads what is new every ``dbtune.cache.listen_every`` seconds. The
+  ids are taken as changes are made, not as they commit: an id missing
+  below one read is asked for again at each read, until its row is
+  there, or is neither there nor locked by a transaction (it was rolled
+  back).
+
+Having lost its connection, the thread drops every cached result once it
+is back: what changed meanwhile is not known.
+"""
+
+import json
+import logging
+import threading
+import time
+
+import sqlalchemy as sa
+
+from ..deploy import forks
+from ..sql.conditions import any_row, value_tag
+
+log = logging.getLogger(__name__)
+
+#: PostgreSQL's channel, and MySQL's table of changes.
+CHANNEL = 'dbtune_changes'
+#: Rows a PostgreSQL notice tells at the most (more: the whole table).
+MAX_ROWS = 100
+#: Seconds between attempts to connect again, at the most.
+MAX_BACKOFF = 2.0
+#: Seconds between two checks that the listener's connection still works.
+CHECK_EVERY = 5.0
+#: Seconds that MySQL's ``dbtune_changes`` keeps a change.
+KEEP_CHANGES = 3600
+#: MySQL: seconds a transaction may have been open, holding a change, when
+#: a listener connects, for the listener to wait for it.
+OPEN_FOR = 60
+
+
+def tables_to_watch(dbtune):
+    """Table: its pinned columns, for every table a cached SQL method
+    reads (by name: one whose tables cannot be told has none)."""
+    tables = {}
+    for registered in dbtune.methods.values():
+        if registered.cache_time and not registered.method.writes:
+            for table in registered.invalidated_by:
+                if table != '*':
+                    tables[table] = sorted(dbtune.pinned.get(table, ()))
+    return dict(sorted(tables.items()))
+
+
+def tags_of(table, rows, pinned):
+    """What a change of ``table`` drops: ``rows``, the changed rows'
+    pinned columns as the trigger sent them (``None``: not told)."""
+    whole = {table, any_row(table)}
+    if rows is None:
+        return whole
+    tags = {table}
+    for row in rows:
+        for column in pinned.get(table, ()):
+            if column not in row:
+                return whole  # a trigger older than the app's pins
+            value = row[column]
+            if value is None:
+                continue  # no read pinned by equality finds NULL
+            tag = value_tag(table, column, value)
+            if tag is None:
+                return whole
+            tags.add(tag)
+    return tags
+
+
+# Installing
+
+
+def _quote(engine, name):
+    return engine.dialect.identifier_preparer.quote(name)
+
+
+_PG_FUNCTION = f"""
+CREATE OR REPLACE FUNCTION dbtune_changed() RETURNS trigger
+LANGUAGE plpgsql AS $dbtune$
+DECLARE
+  gone jsonb;
+  came jsonb;
+  counted_gone int := 0;
+  counted_came int := 0;
+  message text;
+BEGIN
+  IF TG_OP IN ('UPDATE', 'DELETE') THEN
+    SELECT count(*), jsonb_agg(DISTINCT picked) INTO counted_gone, gone
+    FROM (SELECT (SELECT jsonb_object_agg(key, value)
+                  FROM jsonb_each(to_jsonb(o)) WHERE key = ANY(TG_ARGV))
+          AS picked FROM dbtune_old o LIMIT {MAX_ROWS + 1}) s;
+  END IF;
+  IF TG_OP IN ('UPDATE', 'INSERT') THEN
+    SELECT count(*), jsonb_agg(DISTINCT picked) INTO counted_came, came
+    FROM (SELECT (SELECT jsonb_object_agg(key, value)
+                  FROM jsonb_each(to_jsonb(n)) WHERE key = ANY(TG_ARGV))
+          AS picked FROM dbtune_new n LIMIT {MAX_ROWS + 1}) s;
+  END IF;
+  IF TG_OP <> 'TRUNCATE' AND counted_gone + counted_came = 0 THEN
+    RETURN NULL;
+  END IF;
+  IF TG_OP = 'TRUNCATE' OR TG_NARGS = 0
+     OR greatest(counted_gone, counted_came) > {MAX_ROWS} THEN
+    message := jsonb_build_object('t', TG_TABLE_NAME)::text;
+  ELSE
+    message := jsonb_build_object(
+      't', TG_TABLE_NAME,
+      'rows', coalesce(gone, '[]') || coalesce(came, '[]'))::text;
+    IF octet_length(message) > 7900 THEN
+      message := jsonb_build_object('t', TG_TABLE_NAME)::text;
+    END IF;
+  END IF;
+  PERFORM pg_notify('{CHANNEL}', message);
+  RETURN NULL;
+END
+$dbtune$
+"""
+
+_PG_EVENTS = {
+    'insert': 'INSERT ON {t} REFERENCING NEW TABLE AS dbtune_new',
+    'update': (
+        'UPDATE ON {t} REFERENCING OLD TABLE AS dbtune_old '
+        'NEW TABLE AS dbtune_new'
+    ),
+    'delete': 'DELETE ON {t} REFERENCING OLD TABLE AS dbtune_old',
+    'truncate': 'TRUNCATE ON {t}',
+}
+
+_MY_TABLE = f"""
+CREATE TABLE IF NOT EXISTS {CHANNEL} (
+  id BIGINT NOT NULL AUTO_INCREMENT PRIMARY KEY,
+  tbl VARCHAR(64) NOT NULL,
+  cols LONGTEXT NULL,
+  at TIMESTAMP(6) NOT NULL DEFAULT CURRENT_TIMESTAMP(6)
+) ENGINE=InnoDB
+"""
+
+_MY_EVENTS = {'insert': ('NEW',), 'update': ('OLD', 'NEW'), 'delete': ('OLD',)}
+
+
+def trigger_sql(engine, tables, drop=False):
+    """The statements that install (or ``drop``) the triggers of
+    ``tables`` (table: pinned columns) on ``engine``'s database."""
+    dialect = engine.dialect.name
+    statements = []
+    for table, columns in tables.items():
+        quoted = _quote(engine, table)
+        for event in _PG_EVENTS if dialect == 'postgresql' else _MY_EVENTS:
+            name = (
+                f'dbtune_{event}'
+                if dialect == 'postgresql'
+                else _quote(engine, f'dbtune_{event}_{table}'[:64])
+            )
+            on = f' ON {quoted}' if dialect == 'postgresql' else ''
+            statements.append(f'DROP TRIGGER IF EXISTS {name}{on}')
+            if drop:
+                continue
+            if dialect == 'postgresql':
+                args = ', '.join(f"'{c}'" for c in columns)
+                statements.append(
+                    f'CREATE TRIGGER {name} AFTER '
+                    + _PG_EVENTS[event].format(t=quoted)
+                    + f' FOR EACH STATEMENT EXECUTE FUNCTION '
+                    f'dbtune_changed({args})'
+                )
+            else:
+                rows = ', '.join(
+                    'JSON_OBJECT('
+                    + ', '.join(
+                        f"'{c}', {which}.{_quote(engine, c)}" for c in columns
+                    )  # fmt: skip
+                    + ')'
+                    for which in _MY_EVENTS[event]
+                )
+                told = f'JSON_ARRAY({rows})' if columns else 'NULL'
+                statements.append(
+                    f'CREATE TRIGGER {name} AFTER {event.upper()} ON {quoted} '
+                    f'FOR EACH ROW INSERT INTO {CHANNEL} (tbl, cols) '
+                    f"VALUES ('{table}', {told})"
+                )
+    if drop:
+        return statements
+    first = _PG_FUNCTION if dialect == 'postgresql' else _MY_TABLE
+    return [first.strip(), *statements]
+
+
+def install(engine, tables, drop=False):
+    """Install (or ``drop``) the triggers of ``tables``, in one
+    transaction where the database allows."""
+    if engine.dialect.name not in ('postgresql', 'mysql'):
+        raise ValueError(
+            f'{engine.dialect.name} cannot tell the package of writes made '
+            'outside the application: PostgreSQL, MySQL and MariaDB can'
+        )
+    with engine.begin() as connection:
+        for statement in trigger_sql(engine, tables, drop):
+            connection.exec_driver_sql(statement)
+
+
+# Listening
+
+
+class Listener:
+    """The thread of a process that hears of committed changes and drops
+    what they could have changed from ``dbtune.cache``."""
+
+    def __init__(self, dbtune):
+        self.dbtune = dbtune
+        settings = dbtune.settings
+        self.engine = sa.create_engine(
+            settings.url,
+            poolclass=sa.pool.NullPool,
+            isolation_level='AUTOCOMMIT',
+            **_timeouts(settings),
+        )
+        self.every = settings.cache_listen_every
+        self.dialect = self.engine.dialect.name
+        #: Notices applied, connections made, connections lost or not
+        #: made, and times every cached result was dropped.
+        self.notices = self.connects = self.failures = self.drops = 0
+        #: MySQL: what was read of the changes (a :class:`_Changes`).
+        self.changes = None
+        #: Set while the thread is connected and listening.
+        self.listening = threading.Event()
+        self._stopping = threading.Event()
+        self._thread = None
+        self._running = False
+        self._check_at = 0.0
+        forks.renew_after_fork(self)
+
+    def start(self):
+        self._running = True
+        self._thread = threading.Thread(
+            target=self._run, name='pyramid_dbtune listener', daemon=True
+        )
+        self._thread.start()
+        return self
+
+    def after_fork(self):
+        """The parent's thread did not come along: start one here."""
+        self.listening = threading.Event()
+        self._stopping = threading.Event()
+        if self._running:
+            self.start()
+
+    def stop(self, timeout=5):
+        self._running = False
+        self._stopping.set()
+        self._thread.join(timeout)
+        self.engine.dispose()
+
+    def _run(self):
+        backoff, said = 0.05, False
+        while not self._stopping.is_set():
+            try:
+                with self.engine.connect() as connection:
+                    listen = (
+                        self._notices
+                        if self.dialect == 'postgresql'
+                        else self._changes
+                    )
+                    listen(connection)
+            except Exception as exc:
+                self.failures += 1
+                if self.listening.is_set() or not said:
+                    log.warning(
+                        'pyramid_dbtune: does not hear of changes (%s: %s); '
+                        'connecting again until it does',
+                        exc.__class__.__name__,
+                        exc,
+                    )
+                said = True
+                self.listening.clear()
+                self._stopping.wait(backoff)
+                backoff = min(backoff * 2, MAX_BACKOFF)
+            else:
+                backoff, said = 0.05, False
+
+    def _connected(self, connection):
+        """Once listening: what changed while it was not is not known,
+        so every result cached before is dropped (but at its first
+        connection, with a cache other processes share: they heard)."""
+        if self.connects or self.dbtune.settings.cache_backend != 'memcached':
+            self.dbtune.cache.invalidate(None)
+            self.drops += 1
+            if self.connects:
+                log.warning(
+                    'pyramid_dbtune: hears of changes again; every cached '
+                    'result was dropped'
+                )
+        missing = sorted(
+            set(tables_to_watch(self.dbtune)) - _watched(connection)
+        )
+        if missing:
+            log.warning(
+                'pyramid_dbtune: no triggers tell of changes to %s: run '
+                '"dbtune triggers" with the application\'s ini file',
+                ', '.join(missing),
+            )
+        self.connects += 1
+        self.listening.set()
+
+    def apply(self, table, rows):
+        """Drop what a change of ``table`` to ``rows`` could have changed."""
+        self.dbtune.cache.invalidate(tags_of(table, rows, self.dbtune.pinned))
+        self.notices += 1
+
+    def _notices(self, connection):
+        connection.exec_driver_sql(f'LISTEN {CHANNEL}')
+        driver = connection.connection.driver_connection
+        self._connected(connection)
+        while not self._stopping.is_set():
+            for notice in driver.notifies(timeout=self.every, stop_after=64):
+                message = json.loads(notice.payload)
+                self.apply(message['t'], message.get('rows'))
+            self._check(connection)
+
+    def _changes(self, connection):
+        connection.exec_driver_sql(
+            'SET SESSION TRANSACTION ISOLATION LEVEL READ COMMITTED'
+        )
+        # What is there of the last minute counts as read (it was, or the
+        # cache is dropped now); the ids it skips may be open still.
+        (floor,) = connection.exec_driver_sql(
+            f'SELECT COALESCE(MAX(id), 0) FROM {CHANNEL} WHERE at < NOW(6) '
+            f'- INTERVAL {OPEN_FOR} SECOND'
+        ).one()
+        changes = self.changes = _Changes(floor)
+        changes.read(connection, None)
+        self._connected(connection)
+        while not self._stopping.wait(self.every):
+            changes.read(connection, self.apply)
+            if self._check(connection):
+                _forget_old(connection, changes.floor)
+
+    def _check(self, connection):
+        """Every :data:`CHECK_EVERY` seconds, ask the database something:
+        a connection whose server went away unsaid (a host gone, a
+        network cut) then fails, and is made again. True when it asked."""
+        now = time.monotonic()
+        if now < self._check_at:
+            return False
+        self._check_at = now + CHECK_EVERY
+        connection.exec_driver_sql('SELECT 1')
+        return True
+
+
+def _forget_old(connection, floor):
+    """Delete the changes older than :data:`KEEP_CHANGES`, up to ``floor``.
+    One by one, by id: a scan would wait on a change not yet committed,
+    and hold up the listener."""
+    old = connection.exec_driver_sql(
+        f'SELECT id FROM {CHANNEL} WHERE id <= %s AND at < NOW(6) - '
+        f'INTERVAL {KEEP_CHANGES} SECOND ORDER BY id LIMIT 1000',
+        (floor,),
+    ).scalars()
+    ids = ', '.join(map(str, old))
+    if ids:
+        connection.exec_driver_sql(
+            f'DELETE FROM {CHANNEL} WHERE id IN ({ids})'
+        )
+
+
+def _watched(connection):
+    """The tables that have the package's triggers."""
+    if connection.dialect.name == 'postgresql':
+        found = connection.exec_driver_sql(
+            'SELECT c.relname FROM pg_trigger t JOIN pg_class c ON '
+            "c.oid = t.tgrelid WHERE t.tgname = 'dbtune_update' "
+            'AND pg_table_is_visible(c.oid)'
+        )
+    else:
+        found = connection.exec_driver_sql(
+            'SELECT event_object_table, trigger_name FROM '
+            'information_schema.triggers WHERE trigger_schema = DATABASE()'
+        )
+        return {
+            table
+            for table, name in found
+            if name == f'dbtune_update_{table}'[:64]
+        }
+    return set(found.scalars())
+
+
+class _Changes:
+    """What a MySQL listener has read of ``dbtune_changes``: every id up
+    to ``floor``, and those in ``seen`` above it. An id missing below one
+    seen belongs to a transaction still open, or one rolled back."""
+
+    def __init__(self, floor):
+        self.floor = floor
+        self.seen = set()
+        #: ids missing: noted at the last read, or before
+        self.missing = set()
+
+    @property
+    def waiting(self):
+        """How many changes are waited for: their transactions may still
+        commit."""
+        return len(self.missing)
+
+    def read(self, connection, apply):
+        """Read what is new, and ``apply(table, rows)`` each change (none
+        where ``apply`` is ``None``)."""
+        # Noted at an earlier read: by now their rows are there, if their
+        # transactions still run (an id is taken, then its row added).
+        for id_ in sorted(self.missing):
+            try:
+                found = connection.exec_driver_sql(
+                    f'SELECT id, tbl, cols FROM {CHANNEL} WHERE id = %s '
+                    'FOR UPDATE NOWAIT',
+                    (id_,),
+                ).all()
+            except sa.exc.OperationalError as exc:
+                if exc.orig.args[0] != _LOCK_WAIT_TIMEOUT:
+                    raise
+                continue  # its transaction is open: wait
+            # Committed (then read here), or rolled back.
+            self._apply(found, apply)
+            self.missing.discard(id_)
+            self.seen.add(id_)
+        rows = connection.exec_driver_sql(
+            f'SELECT id, tbl, cols FROM {CHANNEL} WHERE id > %s ORDER BY id',
+            (self.floor,),
+        ).all()
+        self._apply(rows, apply)
+        if rows:
+            self.missing.update(
+                set(range(self.floor + 1, rows[-1][0])) - self.seen
+            )
+        while self.floor + 1 in self.seen:
+            self.floor += 1
+            self.seen.discard(self.floor)
+
+    def _apply(self, rows, apply):
+        for id_, table, cols in rows:
+            if id_ not in self.seen:
+                self.seen.add(id_)
+                self.missing.discard(id_)
+                if apply is not None:
+                    apply(table, None if cols is None else json.loads(cols))
+
+
+#: MySQL's error for a row locked by another transaction, at once with
+#: ``NOWAIT``.
+_LOCK_WAIT_TIMEOUT = 1205
+
+
+def _timeouts(settings):
+    from ..routing.engines import connect_args
+
+    args = connect_args(settings.url, settings.connect_timeout)
+    return {'connect_args': args} if args else {}
+
+
+def start(dbtune):
+    """Start the listener of ``dbtune`` (``dbtune.cache.listen``)."""
+    dbtune.listener = Listener(dbtune).start()

@@ -1,0 +1,469 @@
+"""Writes made anywhere: changes committed outside the application (a
+plain connection, as ``psql`` or a cron job would make them) drop the
+cached reads they could have changed, by row, in every process.
+
+On PostgreSQL (NOTIFY) and MariaDB (a change table read on an interval),
+over real HTTP to a second process, and across a restart of a PostgreSQL
+server the test starts for itself.
+"""
+
+import json
+import os
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+
+import pytest
+import sqlalchemy as sa
+from pyramid.config import Configurator
+from pyramid.exceptions import ConfigurationError
+
+from pyramid_dbtune.cache import changes
+from pyramid_dbtune.deploy.cli import main
+from pyramid_dbtune.settings import parse
+
+from conftest import (
+    GET,
+    SEARCH,
+    SET_RENT,
+    call,
+    create_tables,
+    shared_settings,
+)
+
+AREAS = {
+    'name': 'areas',
+    'sql': 'SELECT area, count(*) AS n FROM property GROUP BY area',
+    'cache_time': 20,
+}
+METHODS = [SEARCH, GET, AREAS, SET_RENT]
+READS = [
+    ('search', {'area': 'Headingley'}),
+    ('search', {'area': 'Burley'}),
+    ('search', {'area': 'Hyde Park'}),
+    ('get', {'id': 1}),
+    ('get', {'id': 4}),
+    ('areas', {}),
+]
+LISTEN = {'dbtune.cache.listen': 'true', 'dbtune.cache.listen_every': '0.05'}
+#: Seconds a change made outside the app may take to reach a process.
+LIMIT = 1.0
+SERVER = Path(__file__).parent / 'dbtune_server.py'
+
+
+def listening(url, apps, settings=LISTEN, methods=METHODS):
+    """An app with the listener on, the triggers installed, listening."""
+    create_tables(url)
+    engine = sa.create_engine(url, poolclass=sa.pool.NullPool)
+    changes.install(engine, {'property': ['area', 'id']})
+    engine.dispose()
+    app = apps(url, methods, settings, tables=False)
+    assert app.app.registry.dbtune.listener.listening.wait(10)
+    return app
+
+
+def outside(url, *statements):
+    """Commit ``statements`` on a plain connection of the test's own."""
+    engine = sa.create_engine(url, poolclass=sa.pool.NullPool)
+    try:
+        with engine.begin() as connection:
+            for statement in statements:
+                connection.execute(sa.text(statement))
+    finally:
+        engine.dispose()
+
+
+def heard(app, count=1):
+    """Wait until the app's listener has applied ``count`` more notices
+    than it had (10 s at the most)."""
+    listener = app.app.registry.dbtune.listener
+    target = listener.notices + count
+
+    def wait():
+        deadline = time.monotonic() + 10
+        while listener.notices < target:
+            assert time.monotonic() < deadline, 'no notice came'
+            time.sleep(0.005)
+
+    return wait
+
+
+def dropped(app, *statements):
+    """Which of READS a change made outside dropped (their indexes)."""
+    call(app, *READS)
+    wait = heard(app)
+    outside(app.app.registry.dbtune.settings.url, *statements)
+    wait()
+    return [i for i, read in enumerate(READS)
+            if call(app, read)['cache']['hit'] == 0]  # fmt: skip
+
+
+def test_a_change_made_outside_drops_the_reads_of_its_rows(server_url, apps):
+    app = listening(server_url, apps)
+    assert dropped(app, 'UPDATE property SET rent = 95 WHERE id = 1') == [
+        0, 3, 5
+    ]  # fmt: skip
+    assert call(app, ('get', {'id': 1}))['results'][0]['rows'] == [
+        [1, 'Headingley', 95]
+    ]
+    # A row that moves: both areas. Inserts and deletes: their rows.
+    move = "UPDATE property SET area = 'Hyde Park' WHERE id = 4"
+    assert dropped(app, move) == [1, 2, 4, 5]
+    add = "INSERT INTO property (id, area, rent) VALUES (5, 'Burley', 1)"
+    assert dropped(app, add) == [1, 5]
+    assert dropped(app, 'DELETE FROM property WHERE id = 3') == [2, 5]
+    # Two statements of one transaction, on MariaDB two notices.
+    both = ['UPDATE property SET rent = 1 WHERE id = 1',
+            'UPDATE property SET rent = 1 WHERE id = 2']  # fmt: skip
+    call(app, *READS)
+    wait = heard(app, 2)
+    outside(server_url, *both)
+    wait()
+    assert call(app, ('search', {'area': 'Burley'}))['cache']['hit'] == 1
+
+
+def test_a_change_of_many_rows_drops_the_table(postgresql_url, apps):
+    app = listening(postgresql_url, apps)
+    wait = heard(app, 5)
+    for offset in (100, 1000, 10000, 100000, 1000000):  # 8, 16, ... 128
+        outside(
+            postgresql_url,
+            f'INSERT INTO property (id, area, rent) SELECT id + {offset}, '
+            "'Far', 1 FROM property",
+        )
+    wait()
+    assert dropped(app, "UPDATE property SET rent = 2 WHERE area = 'Far'") == [
+        0, 1, 2, 3, 4, 5
+    ]  # fmt: skip
+
+
+def test_a_truncate_drops_the_table_on_postgresql(postgresql_url, apps):
+    app = listening(postgresql_url, apps)
+    assert dropped(app, 'TRUNCATE property') == [0, 1, 2, 3, 4, 5]
+
+
+def test_a_change_outside_reaches_another_process(server_url, apps):
+    """Over HTTP to a process of its own (its cache in its memory): the
+    change is seen there within LIMIT, and only its rows were dropped."""
+    app = listening(server_url, apps)  # installs the triggers
+    job = {'url': server_url, 'settings': LISTEN, 'methods': METHODS}
+    other = subprocess.Popen(
+        [sys.executable, str(SERVER), json.dumps(job)],
+        stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
+        cwd=SERVER.parent,
+    )  # fmt: skip
+    try:
+        base = f'http://127.0.0.1:{other.stdout.readline().strip()}'
+
+        def post(*calls):
+            body = json.dumps({'calls': [list(c) for c in calls]}).encode()
+            request = urllib.request.Request(
+                base + '/call', body, {'Content-Type': 'application/json'}
+            )
+            with urllib.request.urlopen(request, timeout=10) as response:
+                return json.loads(response.read())
+
+        # Its listener connects after it serves: until then, no fill may
+        # stay (a change before it listened would be lost). Then cached.
+        deadline = time.monotonic() + 10
+        while post(*READS)['cache']['hit'] < len(READS):
+            assert time.monotonic() < deadline
+            time.sleep(0.05)
+        outside(server_url, 'UPDATE property SET rent = 96 WHERE id = 1')
+        committed = time.monotonic()
+        while True:
+            answer = post(('get', {'id': 1}))
+            seconds = time.monotonic() - committed
+            if answer['results'][0]['rows'] == [[1, 'Headingley', 96]]:
+                break
+            assert seconds < LIMIT, f'still stale {seconds:.2f} s on'
+            time.sleep(0.01)
+        hits = [post(read)['cache']['hit'] for read in READS]
+        assert hits == [0, 1, 1, 1, 1, 0]  # the page, filled again above
+        assert app  # this process heard it too, and kept its own
+    finally:
+        other.stdin.close()
+        other.wait(30)
+
+
+def test_the_listener_survives_its_database_restarting(own_postgresql, apps):
+    url = own_postgresql.url
+    app = listening(url, apps)
+    listener = app.app.registry.dbtune.listener
+    call(app, *READS)
+    own_postgresql.stop()
+    deadline = time.monotonic() + 10
+    while listener.failures < 2:  # lost, and not made again
+        assert time.monotonic() < deadline
+        time.sleep(0.01)
+    assert not listener.listening.is_set()
+    own_postgresql.start()
+    assert listener.listening.wait(20)
+    assert listener.connects == 2
+    # Changes while it was away are not known: it dropped everything.
+    assert call(app, *READS)['cache']['hit'] == 0
+    # And it hears again.
+    assert dropped(app, 'UPDATE property SET rent = 97 WHERE id = 4') == [
+        1, 4, 5
+    ]  # fmt: skip
+
+
+def test_a_change_committed_late_is_not_missed_on_mariadb(mysql_url, apps):
+    """MariaDB numbers the changes as they are made, not as they commit:
+    a change whose transaction commits after a later one's is read all
+    the same, and one rolled back is not waited for."""
+    app = listening(mysql_url, apps)
+    engine = sa.create_engine(mysql_url)
+    late, undone = engine.connect(), engine.connect()
+    try:
+        late.execute(sa.text('UPDATE property SET rent = 98 WHERE id = 1'))
+        undone.execute(sa.text('UPDATE property SET rent = 1 WHERE id = 3'))
+        call(app, *READS)
+        wait = heard(app)
+        outside(mysql_url, 'UPDATE property SET rent = 71 WHERE id = 4')
+        wait()
+        undone.rollback()
+        wait = heard(app)
+        outside(mysql_url, 'UPDATE property SET rent = 72 WHERE id = 4')
+        wait()
+        search = ('search', {'area': 'Headingley'})
+        assert call(app, search)['cache']['hit'] == 1
+        wait = heard(app)
+        late.commit()
+        late.close()
+        wait()
+        answer = call(app, ('get', {'id': 1}), search)
+        assert answer['results'][0]['rows'] == [[1, 'Headingley', 98]]
+        assert answer['cache']['hit'] == 0
+        # Nothing open: the change rolled back is waited for no longer.
+        changes_read = app.app.registry.dbtune.listener.changes
+        deadline = time.monotonic() + 10
+        while changes_read.waiting:
+            assert time.monotonic() < deadline
+            time.sleep(0.01)
+    finally:
+        late.close()
+        undone.close()
+        engine.dispose()
+
+
+def test_a_listener_cut_off_misses_no_change_on_mariadb(mysql_url, apps):
+    """Its connection killed while a change is open: it connects again,
+    drops what it holds, and still reads that change once committed."""
+    app = listening(mysql_url, apps)
+    dbtune = app.app.registry.dbtune
+    engine = sa.create_engine(mysql_url)
+    late = engine.connect()
+    try:
+        late.execute(sa.text('UPDATE property SET rent = 98 WHERE id = 1'))
+        wait = heard(app)
+        outside(mysql_url, 'UPDATE property SET rent = 71 WHERE id = 4')
+        wait()
+        with engine.connect() as admin:
+            mine = {admin.connection.dbapi_connection.thread_id(),
+                    late.connection.dbapi_connection.thread_id()}  # fmt: skip
+            for (id_,) in admin.execute(sa.text(
+                'SELECT id FROM information_schema.processlist '
+                'WHERE db = DATABASE()'
+            )):  # fmt: skip
+                if id_ not in mine:
+                    admin.execute(sa.text(f'KILL CONNECTION {id_}'))
+        dbtune.router.dispose()  # the app's connections were killed too
+        deadline = time.monotonic() + 10
+        while (
+            dbtune.listener.connects < 2
+            or not dbtune.listener.listening.is_set()
+        ):
+            assert time.monotonic() < deadline
+            time.sleep(0.01)
+        search = ('search', {'area': 'Headingley'})
+        assert call(app, search)['cache']['hit'] == 0  # all was dropped
+        assert call(app, search)['cache']['hit'] == 1
+        wait = heard(app)
+        late.commit()
+        wait()
+        answer = call(app, ('get', {'id': 1}), search)
+        assert answer['results'][0]['rows'] == [[1, 'Headingley', 98]]
+        assert answer['cache']['hit'] == 0
+    finally:
+        late.close()
+        engine.dispose()
+
+
+def test_tags_of_a_change():
+    pinned = {'property': {'area', 'id'}}
+    whole = {'property', 'property?'}
+    assert changes.tags_of('property', None, pinned) == whole
+    assert changes.tags_of('property', [{'id': 1}], pinned) == whole
+    assert changes.tags_of('property', [{'id': 1, 'area': None}], pinned) == {
+        'property',
+        'property.id=1',
+    }
+    assert (
+        changes.tags_of('property', [{'id': 1.5, 'area': 'x'}], pinned)
+        == whole
+    )
+    assert changes.tags_of('other', [{'a': 1}], pinned) == {'other'}
+
+
+@pytest.mark.parametrize(
+    'url, message',
+    [
+        (None, 'needs a database'),
+        ('sqlite://', 'sqlite cannot tell'),
+        ('postgresql+psycopg_async://u@h/d', 'needs psycopg \\(version 3\\)'),
+    ],
+)
+def test_listening_needs_a_database_that_tells(url, message):
+    settings = {'dbtune.cache.listen': 'true'}
+    if url:
+        settings['dbtune.url'] = url
+    with pytest.raises(ConfigurationError, match=message):
+        parse(settings)
+
+
+def ini(tmp_path, url, **more):
+    lines = ['[app:main]', 'use = call:dbtune_server:app_factory',
+             f'dbtune.url = {url.replace("%", "%%")}']  # fmt: skip
+    lines += [f'{k} = {v}' for k, v in more.items()]
+    path = tmp_path / 'app.ini'
+    path.write_text('\n'.join(lines) + '\n')
+    return str(path)
+
+
+def watched(url):
+    engine = sa.create_engine(url, poolclass=sa.pool.NullPool)
+    try:
+        with engine.connect() as connection:
+            return changes._watched(connection)
+    finally:
+        engine.dispose()
+
+
+def test_the_triggers_command(server_url, tmp_path, capsys):
+    create_tables(server_url)
+    path = ini(tmp_path, server_url)
+    assert main(['triggers', path, '--sql']) == 0
+    assert 'CREATE TRIGGER' in capsys.readouterr().out
+    assert watched(server_url) == set()  # printed, not run
+    assert main(['triggers', path]) == 0
+    assert capsys.readouterr().out == (
+        'dbtune triggers: installed on property (rows told by area, id)\n'
+    )
+    assert main(['triggers', path]) == 0  # again: replaced
+    assert watched(server_url) == {'property'}
+    assert main(['triggers', path, '--drop']) == 0
+    assert 'dropped the triggers of property' in capsys.readouterr().out
+    assert watched(server_url) == set()
+
+
+def test_the_triggers_command_needs_a_database_that_tells(tmp_path, capsys):
+    url = f'sqlite:///{tmp_path / "app.sqlite"}'
+    create_tables(url)
+    assert main(['triggers', ini(tmp_path, url)]) == 2
+    assert 'sqlite cannot tell' in capsys.readouterr().err
+
+
+def test_the_triggers_command_needs_cached_reads(tmp_path, capsys):
+    url = f'sqlite:///{tmp_path / "app.sqlite"}'
+    create_tables(url)
+    path = ini(tmp_path, url, **{'dbtune.cache_time.search': '0',
+                                 'dbtune.cache_time.get': '0'})  # fmt: skip
+    assert main(['triggers', path]) == 2
+    assert 'nothing to watch' in capsys.readouterr().err
+
+
+def test_a_listener_says_which_tables_have_no_triggers(
+    postgresql_url, apps, caplog
+):
+    app = apps(postgresql_url, METHODS, LISTEN)
+    assert app.app.registry.dbtune.listener.listening.wait(10)
+    assert 'no triggers tell of changes to property' in caplog.text
+
+
+def in_a_child(check):
+    """``check()``'s truth in a child forked now."""
+    read, write = os.pipe()
+    pid = os.fork()
+    if pid == 0:
+        os.write(write, b'1' if check() else b'0')
+        os._exit(0)
+    answer = os.read(read, 1)
+    os.waitpid(pid, 0)
+    os.close(read)
+    os.close(write)
+    return answer == b'1'
+
+
+def test_a_listener_starts_again_in_a_forked_child(postgresql_url, apps):
+    app = listening(postgresql_url, apps)
+    listener = app.app.registry.dbtune.listener
+    # The parent's thread did not come along: one of its own, that hears.
+    assert in_a_child(lambda: listener.listening.wait(10))
+    listener.stop()
+    assert not in_a_child(lambda: listener.listening.wait(0.5))
+
+
+def test_a_shared_cache_is_kept_when_a_process_starts_listening(
+    postgresql_url, memcached, apps
+):
+    create_tables(postgresql_url)
+    engine = sa.create_engine(postgresql_url, poolclass=sa.pool.NullPool)
+    changes.install(engine, {'property': ['area', 'id']})
+    engine.dispose()
+    settings = shared_settings(memcached)
+    first = apps(postgresql_url, METHODS, settings, tables=False)
+    call(first, *READS)
+    second = apps(
+        postgresql_url, METHODS, {**settings, **LISTEN}, tables=False
+    )
+    assert second.app.registry.dbtune.listener.listening.wait(10)
+    # What others cached stays: their listeners heard what it did not.
+    assert call(second, *READS)['cache']['hit'] == len(READS)
+    assert dropped(second, 'UPDATE property SET rent = 97 WHERE id = 4') == [
+        1, 4, 5
+    ]  # fmt: skip
+
+
+def test_a_read_of_tables_not_told_is_not_watched(sqlite_url, apps):
+    unknown = {'name': 'unknown', 'sql': 'SELECT * FROM f()',
+               'cache_time': 20}  # fmt: skip
+    app = apps(sqlite_url, [*METHODS, unknown])
+    dbtune = app.app.registry.dbtune
+    assert dbtune.methods['unknown'].invalidated_by == {'*'}
+    assert changes.tables_to_watch(dbtune) == {'property': ['area', 'id']}
+
+
+def test_mariadbs_changes_are_kept_an_hour(mysql_url, apps):
+    create_tables(mysql_url)
+    engine = sa.create_engine(mysql_url, poolclass=sa.pool.NullPool)
+    changes.install(engine, {'property': ['area', 'id']})
+    outside(
+        mysql_url,
+        "INSERT INTO dbtune_changes (tbl, at) VALUES ('property', "
+        "NOW(6) - INTERVAL 2 HOUR), ('property', NOW(6))",
+    )
+    app = apps(mysql_url, METHODS, LISTEN, tables=False)
+    assert app.app.registry.dbtune.listener.listening.wait(10)
+    deadline = time.monotonic() + 10
+    with engine.connect() as connection:
+        while (
+            connection.exec_driver_sql(
+                'SELECT count(*) FROM dbtune_changes'
+            ).scalar()
+            > 1
+        ):
+            assert time.monotonic() < deadline
+            time.sleep(0.05)
+            connection.rollback()
+    engine.dispose()
+
+
+def test_an_app_without_a_database_closes():
+    config = Configurator()
+    config.include('pyramid_dbtune')
+    config.commit()
+    config.registry.dbtune.close()  # no listener, no engines: nothing
+    assert config.registry.dbtune.router is None
