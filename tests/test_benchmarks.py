@@ -91,16 +91,23 @@ def test_headline(tmp_path, postgresql_url):
     # any request failed or a search was staler than its (cut) cache time.
     png = tmp_path / 'headline.png'
     out = run('headline.py', '--chart', str(png))
-    for form in ('baseline', 'baseline-gunicorn', 'tuned'):
+    forms = ('baseline', 'baseline-gunicorn', 'dogpile', 'tuned', 'ceiling')
+    for form in forms:
         for concurrency in (1, 8, 32):
             assert re.search(rf'^{form} +{concurrency} ', out, re.M)
-        assert re.search(
-            rf'^{form} checks: .* 0 stale, 0 missing .* 0 failed requests$',
-            out,
-            re.M,
-        )
-    assert 'tuned / baseline:' in out and 'At concurrency 32' in out
-    assert 'every check passed' in out
+        if form != 'ceiling':
+            assert re.search(
+                rf'^{form} checks: .* 0 stale, 0 missing .* 0 failed '
+                'requests$',
+                out,
+                re.M,
+            )
+    # Tuned: fresh within 0.1 s of the app's writes, 1 s of the others.
+    assert re.search(r'^tuned checks: .*0 staler than 0.1 s / 1 s', out, re.M)
+    assert 'ceiling: not checked' in out
+    for other in forms[:3] + forms[4:]:
+        assert f'tuned / {other}:' in out
+    assert 'At concurrency 32' in out and 'every check passed' in out
     assert png.read_bytes().startswith(b'\x89PNG\r\n\x1a\n')
 
 
