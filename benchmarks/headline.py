@@ -433,7 +433,8 @@ def install_triggers(env):
     from pyramid_dbtune.cache import changes
 
     os.environ.update(env)
-    dbtune = tuned_app().registry.dbtune
+    # Its tables and pins; no listener of its own (nothing is installed).
+    dbtune = tuned_app(**{'dbtune.cache.listen': 'false'}).registry.dbtune
     try:
         changes.install(dbtune.router.writer, changes.tables_to_watch(dbtune))
     finally:

@@ -425,6 +425,16 @@ def test_a_shared_cache_is_kept_when_a_process_starts_listening(
     assert dropped(second, 'UPDATE property SET rent = 97 WHERE id = 4') == [
         1, 4, 5
     ]  # fmt: skip
+    # Its own writes dropped their rows for every process at commit.
+    listener = second.app.registry.dbtune.listener
+    call(second, ('set_rent', {'id': 4, 'rent': 98}))
+    deadline = time.monotonic() + 10
+    while listener.own < 1:
+        assert time.monotonic() < deadline
+        time.sleep(0.01)
+    assert call(first, ('get', {'id': 4}))['results'][0]['rows'] == [
+        [4, 'Burley', 98]
+    ]
 
 
 def test_a_read_of_tables_not_told_is_not_watched(sqlite_url, apps):
@@ -467,3 +477,29 @@ def test_an_app_without_a_database_closes():
     config.commit()
     config.registry.dbtune.close()  # no listener, no engines: nothing
     assert config.registry.dbtune.router is None
+
+
+def test_the_apps_own_writes_are_passed_over_by_its_cache(server_url, apps):
+    """A write through the app dropped its rows from the app's cache at
+    commit: its listener passes over the change. Another process, whose
+    cache is its own, drops them on hearing it. The stats count both."""
+    app = listening(server_url, apps)
+    stats = {'dbtune.stats': 'true', 'dbtune.stats.token': 'x' * 16}
+    other = apps(server_url, METHODS, {**LISTEN, **stats}, tables=False)
+    assert other.app.registry.dbtune.listener.listening.wait(10)
+    mine = app.app.registry.dbtune.listener
+    call(other, *READS)
+    wait = heard(other)
+    call(app, ('set_rent', {'id': 1, 'rent': 93}))
+    wait()
+    hits = [call(other, read)['cache']['hit'] for read in READS]
+    assert hits == [0, 1, 1, 0, 1, 0]
+    deadline = time.monotonic() + 10
+    while mine.own < 1:
+        assert time.monotonic() < deadline
+        time.sleep(0.01)
+    assert mine.notices == 0
+    figures = other.app.registry.dbtune.stats.snapshot()['cache']
+    assert figures['changes_heard'] == 1 and figures['changes_own'] == 0
+    metrics = other.app.registry.dbtune.stats.exposition()[0].decode()
+    assert 'dbtune_changes_total{event="changes_heard"} 1.0' in metrics

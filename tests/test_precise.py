@@ -40,6 +40,7 @@ ADD = {
     'name': 'add',
     'sql': 'INSERT INTO property (id, area, rent) VALUES (:id, :area, :rent)',
 }
+STATS = {'dbtune.stats': 'true', 'dbtune.stats.token': 'a token, long enough'}
 REMOVE = {'name': 'remove', 'sql': 'DELETE FROM property WHERE id = :id'}
 METHODS = [SEARCH, GET, AREAS, SET_RENT, MOVE, SHOUT, ADD, REMOVE]
 
@@ -221,6 +222,13 @@ def test_a_write_of_two_tables_drops_both(sqlite_url, apps):
     app = apps(sqlite_url, [*METHODS, both])
     write = ('both', {'rent': 1, 'name': 'Burley'})
     assert dropped(app, write) == [0, 1, 2, 3, 4, 5]
+    assert app.app.registry.dbtune.router.untold == {'both': 1}
+    # Where no read of its tables is pinned, every write drops them all:
+    # not one the stats need name.
+    plain = apps(sqlite_url, [AREAS, both], tables=False)
+    call(plain, ('areas', {}), write)
+    assert call(plain, ('areas', {}))['cache']['hit'] == 0
+    assert plain.app.registry.dbtune.router.untold == {}
 
 
 def test_writes_whose_rows_cannot_be_told_are_named_at_start_up(
@@ -455,3 +463,34 @@ def test_a_calls_tags_are_remembered_and_bounded(sqlite_url, apps):
     assert again == tags and again is not tags
     # An argument that can be no tag (a list, unhashable too): the table.
     assert search.tags({'area': ['Burley']}) == {'property'}
+
+
+def test_stats_count_what_each_methods_writes_dropped(sqlite_url, apps):
+    app = apps(sqlite_url, METHODS, STATS)
+    dbtune = app.app.registry.dbtune
+    dropped(app, ('set_rent', {'id': 1, 'rent': 95}))
+    dropped(app, ('shout', {'id': 3}))  # untold: every read of the table
+    assert dbtune.stats.snapshot()['methods'] == {
+        'areas': {'dropped': 2, 'untold_writes': 0},
+        'get': {'dropped': 3, 'untold_writes': 0},
+        'search': {'dropped': 4, 'untold_writes': 0},
+        'shout': {'dropped': 0, 'untold_writes': 1},
+    }
+    metrics = dbtune.stats.exposition()[0].decode()
+    assert 'dbtune_cache_dropped_total{method="search"} 4.0' in metrics
+    assert 'dbtune_untold_writes_total{method="shout"} 1.0' in metrics
+
+
+def test_stats_count_what_a_read_finds_dropped_in_memcached(
+    sqlite_url, memcached, apps
+):
+    settings = shared_settings(memcached, **STATS)
+    writer = apps(sqlite_url, METHODS, settings)
+    reader = apps(sqlite_url, METHODS, settings, tables=False)
+    dropped(writer, ('set_rent', {'id': 4, 'rent': 75}), reader)
+    methods = reader.app.registry.dbtune.stats.snapshot()['methods']
+    assert methods == {
+        'areas': {'dropped': 1, 'untold_writes': 0},
+        'get': {'dropped': 1, 'untold_writes': 0},
+        'search': {'dropped': 1, 'untold_writes': 0},
+    }

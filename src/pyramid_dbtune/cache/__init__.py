@@ -13,6 +13,10 @@ A cache backend has two operations:
 ``invalidate(tables)``
     Forget every value read from any of ``tables`` (``None``: all), and
     make sure that a ``fill`` that started before the call stores nothing.
+
+A backend counts, in ``dropped``, the values each SQL method lost to
+writes, by ``key[0]`` (the method's key, its name first): in process, as
+they are dropped; with memcached, as a read finds its value dropped.
 """
 
 from .memory import HIT, MISS, STALE, WAITED, MemoryCache

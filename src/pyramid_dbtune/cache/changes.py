@@ -20,8 +20,10 @@ Having lost its connection, the thread drops every cached result once it
 is back: what changed meanwhile is not known.
 """
 
+import hashlib
 import json
 import logging
+import os
 import threading
 import time
 
@@ -36,6 +38,10 @@ log = logging.getLogger(__name__)
 CHANNEL = 'dbtune_changes'
 #: Rows a PostgreSQL notice tells at the most (more: the whole table).
 MAX_ROWS = 100
+#: The session variable that names where a write comes from: the app's
+#: writer connections set it, so that a listener can pass over the changes
+#: its own cache has dropped already (``@dbtune_origin`` on MySQL).
+ORIGIN = 'dbtune.origin'
 #: Seconds between attempts to connect again, at the most.
 MAX_BACKOFF = 2.0
 #: Seconds between two checks that the listener's connection still works.
@@ -114,13 +120,15 @@ BEGIN
   END IF;
   IF TG_OP = 'TRUNCATE' OR TG_NARGS = 0
      OR greatest(counted_gone, counted_came) > {MAX_ROWS} THEN
-    message := jsonb_build_object('t', TG_TABLE_NAME)::text;
+    message := jsonb_build_object(
+      't', TG_TABLE_NAME, 'o', current_setting('{ORIGIN}', true))::text;
   ELSE
     message := jsonb_build_object(
-      't', TG_TABLE_NAME,
+      't', TG_TABLE_NAME, 'o', current_setting('{ORIGIN}', true),
       'rows', coalesce(gone, '[]') || coalesce(came, '[]'))::text;
     IF octet_length(message) > 7900 THEN
-      message := jsonb_build_object('t', TG_TABLE_NAME)::text;
+      message := jsonb_build_object(
+        't', TG_TABLE_NAME, 'o', current_setting('{ORIGIN}', true))::text;
     END IF;
   END IF;
   PERFORM pg_notify('{CHANNEL}', message);
@@ -144,6 +152,7 @@ CREATE TABLE IF NOT EXISTS {CHANNEL} (
   id BIGINT NOT NULL AUTO_INCREMENT PRIMARY KEY,
   tbl VARCHAR(64) NOT NULL,
   cols LONGTEXT NULL,
+  origin VARCHAR(200) NULL,
   at TIMESTAMP(6) NOT NULL DEFAULT CURRENT_TIMESTAMP(6)
 ) ENGINE=InnoDB
 """
@@ -188,8 +197,8 @@ def trigger_sql(engine, tables, drop=False):
                 told = f'JSON_ARRAY({rows})' if columns else 'NULL'
                 statements.append(
                     f'CREATE TRIGGER {name} AFTER {event.upper()} ON {quoted} '
-                    f'FOR EACH ROW INSERT INTO {CHANNEL} (tbl, cols) '
-                    f"VALUES ('{table}', {told})"
+                    f'FOR EACH ROW INSERT INTO {CHANNEL} (tbl, cols, origin) '
+                    f"VALUES ('{table}', {told}, @{ORIGIN.replace('.', '_')})"
                 )
     if drop:
         return statements
@@ -228,9 +237,12 @@ class Listener:
         )
         self.every = settings.cache_listen_every
         self.dialect = self.engine.dialect.name
-        #: Notices applied, connections made, connections lost or not
-        #: made, and times every cached result was dropped.
-        self.notices = self.connects = self.failures = self.drops = 0
+        sa.event.listen(dbtune.router.writer, 'connect', self._mark)
+        #: Notices applied, passed over (the app's own writes, dropped at
+        #: their commit), connections made, connections lost or not made,
+        #: and times every cached result was dropped.
+        self.notices = self.own = 0
+        self.connects = self.failures = self.drops = 0
         #: MySQL: what was read of the changes (a :class:`_Changes`).
         self.changes = None
         #: Set while the thread is connected and listening.
@@ -313,8 +325,41 @@ class Listener:
         self.connects += 1
         self.listening.set()
 
-    def apply(self, table, rows):
-        """Drop what a change of ``table`` to ``rows`` could have changed."""
+    @property
+    def origin(self):
+        """What the app's writes are marked with: changes whose commit
+        dropped what they changed from this cache. With memcached, any
+        process's that shares it; else this process's."""
+        settings = self.dbtune.settings
+        if settings.cache_backend == 'memcached':
+            shared = (
+                f'{settings.cache_namespace} {settings.cache_servers} '
+                f'{settings.cache_secret}'
+            )
+            digest = hashlib.sha256(shared.encode()).hexdigest()[:16]
+            return f'memcached {digest}'
+        return f'process {os.getpid()} {id(self.dbtune.cache)}'
+
+    def _mark(self, dbapi_connection, record):
+        """Mark a new connection of the app's writer with :attr:`origin`
+        (the triggers send it with each change)."""
+        cursor = dbapi_connection.cursor()
+        if self.dialect == 'postgresql':
+            cursor.execute(
+                'SELECT set_config(%s, %s, false)', (ORIGIN, self.origin)
+            )
+        else:
+            variable = ORIGIN.replace('.', '_')
+            cursor.execute(f'SET @{variable} = %s', (self.origin,))
+        cursor.close()
+        dbapi_connection.commit()
+
+    def apply(self, table, rows, origin=None):
+        """Drop what a change of ``table`` to ``rows`` could have changed,
+        unless it came from ``origin``, this listener's :attr:`origin`."""
+        if origin is not None and origin == self.origin:
+            self.own += 1
+            return
         self.dbtune.cache.invalidate(tags_of(table, rows, self.dbtune.pinned))
         self.notices += 1
 
@@ -325,7 +370,7 @@ class Listener:
         while not self._stopping.is_set():
             for notice in driver.notifies(timeout=self.every, stop_after=64):
                 message = json.loads(notice.payload)
-                self.apply(message['t'], message.get('rows'))
+                self.apply(message['t'], message.get('rows'), message['o'])
             self._check(connection)
 
     def _changes(self, connection):
@@ -420,8 +465,8 @@ class _Changes:
         for id_ in sorted(self.missing):
             try:
                 found = connection.exec_driver_sql(
-                    f'SELECT id, tbl, cols FROM {CHANNEL} WHERE id = %s '
-                    'FOR UPDATE NOWAIT',
+                    f'SELECT id, tbl, cols, origin FROM {CHANNEL} '
+                    'WHERE id = %s FOR UPDATE NOWAIT',
                     (id_,),
                 ).all()
             except sa.exc.OperationalError as exc:
@@ -433,7 +478,8 @@ class _Changes:
             self.missing.discard(id_)
             self.seen.add(id_)
         rows = connection.exec_driver_sql(
-            f'SELECT id, tbl, cols FROM {CHANNEL} WHERE id > %s ORDER BY id',
+            f'SELECT id, tbl, cols, origin FROM {CHANNEL} WHERE id > %s '
+            'ORDER BY id',
             (self.floor,),
         ).all()
         self._apply(rows, apply)
@@ -446,12 +492,13 @@ class _Changes:
             self.seen.discard(self.floor)
 
     def _apply(self, rows, apply):
-        for id_, table, cols in rows:
+        for id_, table, cols, origin in rows:
             if id_ not in self.seen:
                 self.seen.add(id_)
                 self.missing.discard(id_)
                 if apply is not None:
-                    apply(table, None if cols is None else json.loads(cols))
+                    rows = None if cols is None else json.loads(cols)
+                    apply(table, rows, origin)
 
 
 #: MySQL's error for a row locked by another transaction, at once with

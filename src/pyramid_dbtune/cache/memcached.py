@@ -80,6 +80,8 @@ class MemcachedCache(ServerCalls):
         self.errors = self.rejected = self.unencodable = 0
         self.too_big = self.discarded = self.invalidations = 0
         self.near_hits = 0
+        #: ``key[0]``: its values a read found dropped by a write
+        self.dropped = {}
         #: Verified entries kept decoded in this process (and served from
         #: it, for reads that no write invalidates): at most this many.
         self.memo_size = settings.cache_max_entries
@@ -316,6 +318,10 @@ class MemcachedCache(ServerCalls):
                     self.hits += 1
                 return rows, HIT
             stale = rows
+        elif entry is not None and generations is not None:
+            # Found dropped by a write (counted where it is found).
+            with self._counting:
+                self.dropped[key[0]] = self.dropped.get(key[0], 0) + 1
         return self._fill(name, ttl, generations, stale, fill, args)
 
     # Filling

@@ -81,6 +81,8 @@ class MemoryCache:
         self.hits = self.misses = self.stale = self.waited = 0
         self.evictions = self.invalidations = 0
         self.too_big = self.discarded = 0
+        #: ``key[0]`` (a SQL method's key): its entries dropped by writes
+        self.dropped = {}
         self._lock = threading.Lock()
         self._data = OrderedDict()
         self._inflight = {}
@@ -149,6 +151,8 @@ class MemoryCache:
             if tables is None:
                 self._epoch += 1
                 self.invalidations += len(self._data)
+                for key in self._data:
+                    self.dropped[key[0]] = self.dropped.get(key[0], 0) + 1
                 self._data.clear()
                 self._by_table.clear()
                 self._inflight.clear()
@@ -161,6 +165,7 @@ class MemoryCache:
                 for key in self._by_table.pop(table, ()):
                     self._remove(key)
                     self.invalidations += 1
+                    self.dropped[key[0]] = self.dropped.get(key[0], 0) + 1
             # A fill running now may hold rows from before the write: who
             # asks from now on gets a fill of their own, not that one.
             for key, (_, read) in list(self._inflight.items()):

@@ -110,6 +110,21 @@ def make_metrics(registry):
             'dbtune_cache_events', 'Cache outcomes and events', 'event'
         ),
         'reads': counter('dbtune_db_reads', 'Reads, by role', 'role'),
+        'dropped': counter(
+            'dbtune_cache_dropped',
+            'Cached values of a SQL method dropped by writes',
+            'method',
+        ),
+        'untold': counter(
+            'dbtune_untold_writes',
+            'Writes whose rows could not be told, by SQL method',
+            'method',
+        ),
+        'changes': counter(
+            'dbtune_changes',
+            'What the listener of changes made anywhere counts',
+            'event',
+        ),
         'pool': gauge(
             'dbtune_pool_connections',
             'Pooled connections, by role and state',
@@ -141,6 +156,41 @@ def cache_counters(cache):
         for name in CACHE_COUNTERS
         if hasattr(cache, name)
     } or {'hits': 0, 'misses': 0}
+
+
+def method_figures(dbtune):
+    """SQL method: ``dropped``, its cached values lost to writes (with
+    memcached, as this process's reads found them), and ``untold_writes``,
+    its writes whose rows could not be told (``ORM <table>`` for
+    flushes); for the methods with either."""
+    figures = {}
+    for key, count in list(getattr(dbtune.cache, 'dropped', {}).items()):
+        name = key.split('\0', 1)[0]
+        figures.setdefault(name, {'dropped': 0, 'untold_writes': 0})
+        figures[name]['dropped'] += count
+    untold = dbtune.router.untold if dbtune.router is not None else {}
+    for name, count in list(untold.items()):
+        figures.setdefault(name, {'dropped': 0, 'untold_writes': 0})
+        figures[name]['untold_writes'] = count
+    return dict(sorted(figures.items()))
+
+
+#: What the listener of ``dbtune.cache.listen`` counts: figure, attribute.
+LISTENER = (
+    ('changes_heard', 'notices'),
+    ('changes_own', 'own'),
+    ('listener_connects', 'connects'),
+    ('listener_failures', 'failures'),
+    ('listener_dropped_all', 'drops'),
+)
+
+
+def listener_figures(dbtune):
+    """What the listener counts, ``{}`` without one."""
+    listener = dbtune.listener
+    if listener is None:
+        return {}
+    return {name: getattr(listener, attribute) for name, attribute in LISTENER}
 
 
 def database_figures(router):

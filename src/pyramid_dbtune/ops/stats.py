@@ -57,7 +57,9 @@ from .metrics import (
     cache_counters,
     cache_size,
     database_figures,
+    listener_figures,
     make_metrics,
+    method_figures,
     samples,
 )
 
@@ -295,6 +297,13 @@ class Stats:
         self._carry(metrics['cpu'], process_time())
         for event, value in cache_counters(self.dbtune.cache).items():
             self._carry(metrics['cache'].labels(event=event), value)
+        for name, figures in method_figures(self.dbtune).items():
+            self._carry(metrics['dropped'].labels(method=name),
+                        figures['dropped'])  # fmt: skip
+            self._carry(metrics['untold'].labels(method=name),
+                        figures['untold_writes'])  # fmt: skip
+        for event, value in listener_figures(self.dbtune).items():
+            self._carry(metrics['changes'].labels(event=event), value)
         metrics['in_flight'].set(self.in_flight())
         database = database_figures(self.dbtune.router)
         for role, figures in database.get('roles', {}).items():
@@ -404,7 +413,9 @@ class Stats:
                 'hit_ratio': _ratio(cache['hits'], looked),
                 **cache,
                 **cache_size(self.dbtune.cache),
+                **listener_figures(self.dbtune),
             },
+            'methods': method_figures(self.dbtune),
             'database': database_figures(self.dbtune.router),
             'history': list(self.history),
         }

@@ -202,6 +202,9 @@ class Router:
         self.writer_reads = 0
         self.write_transactions = 0
         self.writes = 0
+        #: SQL method name (``ORM <table>`` for a flush): its writes whose
+        #: rows could not be told, which dropped every read of a table
+        self.untold = {}
         self.write_waits = 0
         self.write_wait_seconds = 0.0
         self._recent = {}

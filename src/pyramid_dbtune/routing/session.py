@@ -73,11 +73,15 @@ def _before_flush(session, flush_context, instances):
                     stored.setdefault(table, []).append(state)
     for name, tags in touched.items():
         unit.begin_write({name}, _WHAT, tags)
+        if tags is None:
+            unit.count_untold(f'ORM {name}', name in pinned)
     for table, states in stored.items():
         name = table.name.lower()
         if touched[name] is not None:
             found = _stored(session, table, states, sorted(pinned[name]))
             unit.begin_write({name}, _WHAT, found)
+            if found is None:
+                unit.count_untold(f'ORM {name}', True)
     if touched:
         session.info['dbtune_flush'] = perf_counter()
 

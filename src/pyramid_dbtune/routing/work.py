@@ -201,7 +201,9 @@ class UnitOfWork:
         of its table."""
         pinned = self.request.registry.dbtune.pinned
         if len(method.tables) > 1:  # its rows are not told
-            return [any_row(t) for t in method.tables if t in pinned]
+            tags = [any_row(t) for t in method.tables if t in pinned]
+            self.count_untold(method.name, tags)
+            return tags
         (table,) = method.tables
         shape = method.write_shape
         columns = sorted(pinned.get(table, ()))
@@ -212,6 +214,7 @@ class UnitOfWork:
             or not told(shape, columns)
             or not set(columns) <= self.router.columns(session, table)
         ):
+            self.count_untold(method.name, True)
             return (any_row(table),)
         new = {
             c: params.get(shape.sets[c]) for c in columns if c in shape.sets
@@ -241,8 +244,16 @@ class UnitOfWork:
             value_tag(table, c, row[c]) for row in rows or () for c in columns
         }
         if rows is None or None in tags:
+            self.count_untold(method.name, True)
             return (any_row(table),)
         return tags
+
+    def count_untold(self, name, tags):
+        """Count a write of ``name`` whose rows were not told, where it
+        drops ``tags`` (pinned reads)."""
+        if tags:
+            untold = self.router.untold
+            untold[name] = untold.get(name, 0) + 1
 
     def wrote_for(self, seconds):
         """Count ``seconds`` of an ORM flush as the request's database and
