@@ -30,7 +30,7 @@ import time
 import sqlalchemy as sa
 
 from ..deploy import forks
-from ..sql.conditions import any_row, value_tag
+from ..sql.conditions import PLAIN, any_row, value_tag
 
 log = logging.getLogger(__name__)
 
@@ -55,12 +55,13 @@ OPEN_FOR = 60
 
 def tables_to_watch(dbtune):
     """Table: its pinned columns, for every table a cached SQL method
-    reads (by name: one whose tables cannot be told has none)."""
+    reads, by a plain name (a read whose tables cannot be told has none;
+    a quoted name is read as a whole by writes through the app alone)."""
     tables = {}
     for registered in dbtune.methods.values():
         if registered.cache_time and not registered.method.writes:
             for table in registered.invalidated_by:
-                if table != '*':
+                if PLAIN.match(table):
                     tables[table] = sorted(dbtune.pinned.get(table, ()))
     return dict(sorted(tables.items()))
 
@@ -91,6 +92,11 @@ def tags_of(table, rows, pinned):
 
 def _quote(engine, name):
     return engine.dialect.identifier_preparer.quote(name)
+
+
+def _literal(name):
+    """A plain name (:func:`tables_to_watch`) as a string literal of SQL."""
+    return f"'{name}'"
 
 
 _PG_FUNCTION = f"""
@@ -178,7 +184,7 @@ def trigger_sql(engine, tables, drop=False):
             if drop:
                 continue
             if dialect == 'postgresql':
-                args = ', '.join(f"'{c}'" for c in columns)
+                args = ', '.join(map(_literal, columns))
                 statements.append(
                     f'CREATE TRIGGER {name} AFTER '
                     + _PG_EVENTS[event].format(t=quoted)
@@ -198,7 +204,8 @@ def trigger_sql(engine, tables, drop=False):
                 statements.append(
                     f'CREATE TRIGGER {name} AFTER {event.upper()} ON {quoted} '
                     f'FOR EACH ROW INSERT INTO {CHANNEL} (tbl, cols, origin) '
-                    f"VALUES ('{table}', {told}, @{ORIGIN.replace('.', '_')})"
+                    f'VALUES ({_literal(table)}, {told}, '
+                    f'@{ORIGIN.replace(".", "_")})'
                 )
     if drop:
         return statements
@@ -370,7 +377,7 @@ class Listener:
         while not self._stopping.is_set():
             for notice in driver.notifies(timeout=self.every, stop_after=64):
                 message = json.loads(notice.payload)
-                self.apply(message['t'], message.get('rows'), message['o'])
+                self.apply(message['t'], message.get('rows'), message.get('o'))
             self._check(connection)
 
     def _changes(self, connection):

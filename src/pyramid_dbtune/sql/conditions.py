@@ -24,7 +24,7 @@ _ENDS = frozenset(
 )
 _QUOTED = re.compile(r'"[^"]*"|`[^`]*`|\[[^\]]*\]')
 #: A name that is the same unquoted in every database: no case folding.
-_PLAIN = re.compile(r'[a-z_][a-z0-9_]*\Z')
+PLAIN = re.compile(r'[a-z_][a-z0-9_]*\Z')
 
 
 _INTEGER = re.compile(r'[+-]?\d+\Z')
@@ -132,7 +132,7 @@ def _equality(reader, run):
     column, parameter = words[0], words[2]
     if column.startswith(':'):
         column, parameter = parameter, column
-    if _PLAIN.match(column) and parameter.startswith(':'):
+    if PLAIN.match(column) and parameter.startswith(':'):
         return column, parameter[1:]
     return None
 
@@ -204,7 +204,7 @@ def write_shape(sql):
         return None
     where = _where(reader)
     if (
-        not _PLAIN.match(table)
+        not PLAIN.match(table)
         or where is None
         or where[1] != len(words)
         or {'from', 'join', 'using'} & set(lower[i : where[0]])
@@ -217,7 +217,7 @@ def write_shape(sql):
             return None
         for run in _split(reader, i + 1, where[0] - 1, ','):
             named = [words[j] for j in run]
-            if len(named) < 3 or named[1] != '=' or not _PLAIN.match(named[0]):
+            if len(named) < 3 or named[1] != '=' or not PLAIN.match(named[0]):
                 return None
             sets[named[0]] = (
                 named[2][1:]
@@ -229,7 +229,7 @@ def write_shape(sql):
 
 def _insert(reader):
     words, lower = reader.words, reader.lower
-    if lower[1:2] != ['into'] or not _PLAIN.match(reader.at(2)):
+    if lower[1:2] != ['into'] or not PLAIN.match(reader.at(2)):
         return None
     if reader.at(3) != '(' or 'select' in lower or 'on' in lower:
         return None
@@ -243,7 +243,7 @@ def _insert(reader):
     values = [
         [words[i] for i in r] for r in _split(reader, close + 2, end - 1, ',')
     ]
-    if len(columns) != len(values) or not all(map(_PLAIN.match, columns)):
+    if len(columns) != len(values) or not all(map(PLAIN.match, columns)):
         return None
     sets = {
         c: v[0][1:] if len(v) == 1 and v[0][0] == ':' else None
