@@ -621,19 +621,33 @@ class PostgreSQL:
     """A PostgreSQL server of the test's own, in a temporary directory, on
     a free loopback port: made by ``initdb`` (as ``nobody`` when the tests
     run as root, which PostgreSQL refuses), stopped and started again by
-    the test, and removed at the end."""
+    the test, and removed at the end.
 
-    def __init__(self):
+    With ``standby_of``, a streaming standby of that server instead, made
+    by ``pg_basebackup -R``; ``options`` are ``-c`` settings of the
+    server (``recovery_min_apply_delay=500ms``, say)."""
+
+    def __init__(self, standby_of=None, options=()):
         self.user = 'nobody' if os.geteuid() == 0 else None
+        self.options = list(options)
         self.dir = Path(tempfile.mkdtemp(prefix='dbtune-pg-'))
         if self.user:
             shutil.chown(self.dir, self.user)
         self.data = self.dir / 'data'
+        if standby_of is None:
+            command = [
+                _postgresql_bin('initdb'), '-D', str(self.data), '-A',
+                'trust', '-U', 'postgres', '--no-sync', '-E', 'UTF8',
+            ]  # fmt: skip
+        else:
+            command = [
+                _postgresql_bin('pg_basebackup'), '-h', '127.0.0.1',
+                '-p', str(standby_of.port), '-U', 'postgres',
+                '-D', str(self.data), '-R', '-X', 'stream', '--no-sync',
+            ]  # fmt: skip
         subprocess.run(
-            [_postgresql_bin('initdb'), '-D', str(self.data), '-A', 'trust',
-             '-U', 'postgres', '--no-sync', '-E', 'UTF8'],
-            user=self.user, check=True, capture_output=True,
-        )  # fmt: skip
+            command, user=self.user, check=True, capture_output=True
+        )
         self.port = free_port()
         self.url = (
             f'postgresql+psycopg://postgres@127.0.0.1:{self.port}/postgres'
@@ -645,7 +659,8 @@ class PostgreSQL:
         self.process = subprocess.Popen(
             [_postgresql_bin('postgres'), '-D', str(self.data),
              '-p', str(self.port), '-k', str(self.dir),
-             '-c', 'listen_addresses=127.0.0.1', '-c', 'fsync=off'],
+             '-c', 'listen_addresses=127.0.0.1', '-c', 'fsync=off',
+             *(f'-c{option}' for option in self.options)],
             user=self.user,
             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
         )  # fmt: skip
@@ -682,3 +697,16 @@ def own_postgresql():
     server = PostgreSQL()
     yield server
     server.remove()
+
+
+@pytest.fixture
+def streaming(request):
+    """A PostgreSQL primary of the test's own and its streaming standby,
+    started with the test module's ``STANDBY_OPTIONS`` (such as
+    ``recovery_min_apply_delay=2s``, which holds its replay back)."""
+    primary = PostgreSQL()
+    options = getattr(request.module, 'STANDBY_OPTIONS', ())
+    standby = PostgreSQL(standby_of=primary, options=options)
+    yield primary, standby
+    standby.remove()
+    primary.remove()

@@ -106,6 +106,12 @@ TABLE = (
         'the writer (a ``dbtune_pin`` cookie), and that reads of the tables '
         'written are filled from the writer, to ride out replica lag. At most '
         'a year.')),
+    Setting('max_replica_lag', as_seconds, 0, doc=(
+        'With ``dbtune.read_urls``: seconds a replica may be behind the '
+        'writer for reads to go to it (``0``: no bound). Each process looks '
+        'at every replica\'s lag every 0.25 s, never on a read; a replica '
+        'further behind is passed over until it catches up, and while all '
+        'are, reads go to the writer. PostgreSQL and MySQL/MariaDB.')),
     Setting('dbsession', as_bool, True, doc=(
         'Whether ``request.dbsession`` is routed: the package\'s own, or the '
         "application's where it adds one (it is adopted). ``false`` leaves "
@@ -373,6 +379,11 @@ def parse(settings):
                 )
     if values['cache.listen']:
         _check_listen(values['url'])
+    if values['max_replica_lag'] and values['read_urls'] is None:
+        raise ConfigurationError(
+            f'{PREFIX}max_replica_lag is set, but {PREFIX}read_urls is not: '
+            'it bounds the lag of replicas'
+        )
     return Settings(
         **{name.replace('.', '_'): value for name, value in values.items()},
         cache_times=MappingProxyType(per_method[CACHE_TIME_PREFIX]),

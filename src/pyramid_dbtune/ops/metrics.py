@@ -37,6 +37,8 @@ DATABASE = (
      'write_waits'),
     ('dbtune_write_slot_wait_seconds', 'Time writes waited for a slot',
      'write_wait_seconds'),
+    ('dbtune_db_behind', 'Reads sent to the writer, every reader too far '
+     'behind (dbtune.max_replica_lag)', 'behind'),
 )  # fmt: skip
 
 
@@ -213,12 +215,18 @@ def database_figures(router):
             'down': reader.down_until > monotonic(),
             **_pool(reader.engine.pool),
         }
+        if router.lag_watch is not None:
+            lag = reader.lag
+            # Not known, or infinite (not replaying): no number.
+            known = lag is not None and lag != float('inf')
+            roles[f'reader{i}']['lag'] = round(lag, 3) if known else None
     return {
         'roles': roles,
         'write_transactions': router.write_transactions,
         'failovers': router.failovers,
         'write_waits': router.write_waits,
         'write_wait_seconds': router.write_wait_seconds,
+        'behind': router.behind,
     }
 
 

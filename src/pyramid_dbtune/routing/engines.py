@@ -24,6 +24,7 @@ from .errors import (
     WriteSlotTimeout,
     mark_retryable,
 )
+from .lag import LagWatch
 
 log = logging.getLogger(__name__)
 
@@ -157,6 +158,9 @@ class ReadEngine:
         self.reads = 0
         self.down_until = 0.0
         self.backoff = 0.0
+        #: Seconds behind the writer, with ``dbtune.max_replica_lag``
+        #: (None: not known).
+        self.lag = None
 
 
 class Router:
@@ -207,6 +211,15 @@ class Router:
         self.untold = {}
         self.write_waits = 0
         self.write_wait_seconds = 0.0
+        #: Reads sent to the writer because every reader up was further
+        #: behind than ``dbtune.max_replica_lag`` (failovers count them
+        #: too).
+        self.behind = 0
+        self.lag_watch = (
+            LagWatch(self.readers)
+            if self.replicas and settings.max_replica_lag
+            else None
+        )
         self._recent = {}
         self._columns = {}
         self._reset_locks()
@@ -243,6 +256,8 @@ class Router:
         return known
 
     def dispose(self):
+        if self.lag_watch is not None:
+            self.lag_watch.stop()
         for engine in self.engines():
             engine.dispose()
 
@@ -250,10 +265,16 @@ class Router:
 
     def pick(self, count=True):
         """The reader with the fewest reads in flight, or None if all are
-        down (then the writer serves); ``count``: one more in flight."""
+        down, or further behind than ``dbtune.max_replica_lag`` (then the
+        writer serves); ``count``: one more in flight."""
         now = monotonic()
+        bound = self.settings.max_replica_lag or float('inf')
         with self._lock:
             up = [r for r in self.readers if r.down_until <= now]
+            near = [r for r in up if r.lag is None or r.lag <= bound]
+            if len(near) < len(up) and not near:
+                self.behind += count
+            up = near
             if not up:
                 return None
             # Ties go round: the rotation starts each pick elsewhere.

@@ -1,0 +1,124 @@
+"""Real replicas: a PostgreSQL primary and its streaming standby, started
+by the test on free loopback ports, whose replay the test holds back to
+make lag real; ``dbtune.max_replica_lag`` passes over a standby that far
+behind, and gives it its reads again once it catches up."""
+
+import time
+
+import pytest
+import sqlalchemy as sa
+from pyramid.exceptions import ConfigurationError
+
+from pyramid_dbtune.ops.metrics import database_figures
+from pyramid_dbtune.routing.lag import EVERY
+from pyramid_dbtune.settings import parse
+
+from conftest import GET, call, create_tables
+
+#: Every standby replays a commit 2 s after it: behind by that, at least.
+STANDBY_OPTIONS = ['recovery_min_apply_delay=2s']
+
+
+def until(check, seconds=20):
+    deadline = time.monotonic() + seconds
+    while not check():
+        assert time.monotonic() < deadline, 'not in time'
+        time.sleep(0.02)
+
+
+def rent_on(url, id=1):
+    engine = sa.create_engine(url, poolclass=sa.pool.NullPool)
+    try:
+        with engine.connect() as connection:
+            return connection.execute(
+                sa.text('SELECT rent FROM property WHERE id = :id'), {'id': id}
+            ).scalar()
+    except sa.exc.ProgrammingError:
+        return None  # the table is not there yet
+    finally:
+        engine.dispose()
+
+
+def set_rent(url, rent, id=1):
+    engine = sa.create_engine(url, poolclass=sa.pool.NullPool)
+    with engine.begin() as connection:
+        connection.execute(
+            sa.text('UPDATE property SET rent = :rent WHERE id = :id'),
+            {'rent': rent, 'id': id},
+        )
+    engine.dispose()
+
+
+@pytest.fixture
+def replicated(streaming):
+    primary, standby = streaming
+    create_tables(primary.url)
+    until(lambda: rent_on(standby.url) == 90)
+    return primary, standby
+
+
+def uncached(app, id=1):
+    """The rent of property ``id`` as a read of the app finds it now (its
+    method caches nothing)."""
+    return call(app, ('get', {'id': id}))['results'][0]['rows'][0][2]
+
+
+NOW = {**GET, 'name': 'get', 'cache_time': 0}
+
+
+def test_a_standby_behind_is_passed_over_until_it_catches_up(
+    replicated, apps, caplog
+):
+    primary, standby = replicated
+    settings = {
+        'dbtune.read_urls': standby.url,
+        'dbtune.max_replica_lag': '0.5',
+    }
+    app = apps(primary.url, [NOW], settings, tables=False)
+    router = app.app.registry.dbtune.router
+    (reader,) = router.readers
+    until(lambda: reader.lag == 0)
+    assert uncached(app) == 90 and reader.reads == 1
+    set_rent(primary.url, 91)
+    # Behind by more than 0.5 s: passed over, and the read is fresh.
+    until(lambda: reader.lag is not None and reader.lag > 0.5)
+    assert uncached(app) == 91
+    assert reader.reads == 1 and router.behind == 1
+    # Once it has replayed the write, it reads again.
+    until(lambda: reader.lag == 0)
+    assert uncached(app) == 91 and reader.reads == 2
+    figures = database_figures(router)
+    assert figures['roles']['reader0']['lag'] == 0
+    assert figures['behind'] == 1
+    # Stopped: its lag is not known (said once), and its reads go to the
+    # writer.
+    standby.stop()
+    until(lambda: reader.lag is None)
+    time.sleep(3 * EVERY)  # more looks
+    assert caplog.text.count('cannot read the lag of') == 1
+    assert database_figures(router)['roles']['reader0']['lag'] is None
+    assert uncached(app) == 91
+
+
+def test_without_a_bound_a_standby_behind_serves_old_rows(replicated, apps):
+    # The lag is real: the same reads, unbounded, are stale.
+    primary, standby = replicated
+    app = apps(primary.url, [NOW], {'dbtune.read_urls': standby.url},
+               tables=False)  # fmt: skip
+    set_rent(primary.url, 92)
+    assert uncached(app) == 90
+    assert app.app.registry.dbtune.router.lag_watch is None
+
+
+def test_a_replica_that_is_the_writer_is_not_behind(server_url, apps):
+    app = apps(server_url, [NOW], {
+        'dbtune.read_urls': server_url, 'dbtune.max_replica_lag': '1',
+    })  # fmt: skip
+    (reader,) = app.app.registry.dbtune.router.readers
+    until(lambda: reader.lag == 0)
+    assert uncached(app) == 90 and reader.reads == 1
+
+
+def test_a_bound_on_lag_needs_replicas():
+    with pytest.raises(ConfigurationError, match='max_replica_lag is set'):
+        parse({'dbtune.url': 'sqlite://', 'dbtune.max_replica_lag': '1'})
