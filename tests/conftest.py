@@ -710,3 +710,103 @@ def streaming(request):
     yield primary, standby
     standby.remove()
     primary.remove()
+
+
+class MariaDB:
+    """A MariaDB server of the test's own, in a temporary directory, on a
+    free loopback port (``mariadb-install-db``, then ``mariadbd`` as
+    ``nobody`` when the tests run as root), with a binary log and GTIDs.
+
+    With ``replica_of``, a replica of that server by GTID, its events
+    applied ``delay`` seconds late (``MASTER_DELAY``)."""
+
+    def __init__(self, server_id=1, replica_of=None, delay=0):
+        self.user = 'nobody' if os.geteuid() == 0 else None
+        self.dir = Path(tempfile.mkdtemp(prefix='dbtune-mariadb-'))
+        if self.user:
+            shutil.chown(self.dir, self.user)
+        self.data = self.dir / 'data'
+        self.server_id = server_id
+        install = shutil.which('mariadb-install-db') or shutil.which(
+            'mysql_install_db'
+        )
+        if install is None:
+            server_missing('MariaDB (mariadb-install-db)', 'not installed')
+        subprocess.run(
+            [install, '--no-defaults', f'--datadir={self.data}',
+             '--auth-root-authentication-method=normal', '--skip-test-db'],
+            user=self.user, check=True, capture_output=True,
+        )  # fmt: skip
+        self.port = free_port()
+        self.url = f'mysql+pymysql://root@127.0.0.1:{self.port}/test'
+        self.process = None
+        self.start()
+        if replica_of is None:
+            self.execute('CREATE DATABASE test')
+        else:
+            self.execute(
+                f"CHANGE MASTER TO MASTER_HOST='127.0.0.1', "
+                f"MASTER_PORT={replica_of.port}, MASTER_USER='root', "
+                f'MASTER_USE_GTID=slave_pos, MASTER_DELAY={delay}',
+                'START SLAVE',
+            )
+
+    def start(self):
+        server = shutil.which('mariadbd') or '/usr/sbin/mariadbd'
+        self.process = subprocess.Popen(
+            [server, '--no-defaults', f'--datadir={self.data}',
+             f'--port={self.port}', '--bind-address=127.0.0.1',
+             f'--socket={self.dir / "socket"}',
+             f'--pid-file={self.dir / "pid"}',
+             f'--log-bin={self.data / "bin"}',
+             f'--server-id={self.server_id}',
+             f'--log-error={self.dir / "error.log"}',
+             '--innodb-flush-log-at-trx-commit=0', '--skip-name-resolve'],
+            user=self.user,
+            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+        )  # fmt: skip
+        deadline = time.monotonic() + 30
+        while True:
+            try:
+                self.execute('SELECT 1')
+                return
+            except sa.exc.OperationalError as exc:
+                if self.process.poll() is not None or (
+                    time.monotonic() > deadline
+                ):
+                    server_missing(f'MariaDB on {self.port}', exc)
+                time.sleep(0.05)
+
+    def execute(self, *statements):
+        url = f'mysql+pymysql://root@127.0.0.1:{self.port}/'
+        engine = sa.create_engine(url, poolclass=sa.pool.NullPool)
+        try:
+            with engine.connect() as connection:
+                for statement in statements:
+                    connection.exec_driver_sql(statement)
+                connection.commit()
+        finally:
+            engine.dispose()
+
+    def stop(self):
+        if self.process is not None and self.process.poll() is None:
+            self.process.terminate()
+            self.process.wait(30)
+        self.process = None
+
+    def remove(self):
+        self.stop()
+        shutil.rmtree(self.dir, ignore_errors=True)
+
+
+@pytest.fixture
+def gtid_replication(request):
+    """A MariaDB primary of the test's own and its replica by GTID, which
+    applies the primary's events the test module's ``REPLICA_DELAY``
+    seconds late."""
+    primary = MariaDB()
+    delay = getattr(request.module, 'REPLICA_DELAY', 0)
+    replica = MariaDB(server_id=2, replica_of=primary, delay=delay)
+    yield primary, replica
+    replica.remove()
+    primary.remove()

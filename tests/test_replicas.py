@@ -1,7 +1,8 @@
-"""Real replicas: a PostgreSQL primary and its streaming standby, started
-by the test on free loopback ports, whose replay the test holds back to
-make lag real; ``dbtune.max_replica_lag`` passes over a standby that far
-behind, and gives it its reads again once it catches up."""
+"""Real replicas: a PostgreSQL primary and its streaming standby, and a
+MariaDB primary and its replica by GTID, started by the test on free
+loopback ports, their replay held back 2 s to make lag real;
+``dbtune.max_replica_lag`` passes over a replica that far behind, and
+gives it its reads again once it catches up."""
 
 import time
 
@@ -15,8 +16,9 @@ from pyramid_dbtune.settings import parse
 
 from conftest import GET, call, create_tables
 
-#: Every standby replays a commit 2 s after it: behind by that, at least.
+#: Every replica applies a commit 2 s after it: behind by that, at least.
 STANDBY_OPTIONS = ['recovery_min_apply_delay=2s']
+REPLICA_DELAY = 2
 
 
 def until(check, seconds=20):
@@ -33,8 +35,8 @@ def rent_on(url, id=1):
             return connection.execute(
                 sa.text('SELECT rent FROM property WHERE id = :id'), {'id': id}
             ).scalar()
-    except sa.exc.ProgrammingError:
-        return None  # the table is not there yet
+    except (sa.exc.ProgrammingError, sa.exc.OperationalError):
+        return None  # the database or the table is not there yet
     finally:
         engine.dispose()
 
@@ -49,9 +51,11 @@ def set_rent(url, rent, id=1):
     engine.dispose()
 
 
-@pytest.fixture
-def replicated(streaming):
-    primary, standby = streaming
+@pytest.fixture(params=['postgresql', 'mariadb'])
+def replicated(request):
+    """A primary with the test's tables, and a replica that has them."""
+    kind = {'postgresql': 'streaming', 'mariadb': 'gtid_replication'}
+    primary, standby = request.getfixturevalue(kind[request.param])
     create_tables(primary.url)
     until(lambda: rent_on(standby.url) == 90)
     return primary, standby
@@ -98,6 +102,15 @@ def test_a_standby_behind_is_passed_over_until_it_catches_up(
     assert caplog.text.count('cannot read the lag of') == 1
     assert database_figures(router)['roles']['reader0']['lag'] is None
     assert uncached(app) == 91
+    # Started again: once it is up and near, its reads come back.
+    standby.start()
+
+    def on_the_reader():
+        reads, failovers = reader.reads, router.failovers
+        assert uncached(app) == 91
+        return reader.reads > reads and router.failovers == failovers
+
+    until(on_the_reader)
 
 
 def test_without_a_bound_a_standby_behind_serves_old_rows(replicated, apps):
