@@ -216,6 +216,20 @@ GET = {
     'sql': 'SELECT id, area, rent FROM property WHERE id = :id',
     'cache_time': 20,
 }
+AREAS = {
+    'name': 'areas',
+    'sql': 'SELECT area, count(*) AS n FROM property GROUP BY area',
+    'cache_time': 20,
+}
+#: Reads of every kind: searches of three areas, two pages, the areas.
+READS = [
+    ('search', {'area': 'Headingley'}),
+    ('search', {'area': 'Burley'}),
+    ('search', {'area': 'Hyde Park'}),
+    ('get', {'id': 1}),
+    ('get', {'id': 4}),
+    ('areas', {}),
+]
 SET_RENT = {
     'name': 'set_rent',
     'sql': 'UPDATE property SET rent = :rent WHERE id = :id',
@@ -617,7 +631,33 @@ def free_port():
     raise OSError('no free loopback port')
 
 
-class PostgreSQL:
+class _OwnServer:
+    """A database server of the test's own: its temporary directory (owned
+    by ``nobody`` when the tests run as root, as the servers insist), its
+    process, stopped by ``signal``."""
+
+    signal = signal.SIGTERM
+
+    def __init__(self, prefix):
+        self.user = 'nobody' if os.geteuid() == 0 else None
+        self.dir = Path(tempfile.mkdtemp(prefix=prefix))
+        if self.user:
+            shutil.chown(self.dir, self.user)
+        self.data = self.dir / 'data'
+        self.process = None
+
+    def stop(self):
+        if self.process is not None and self.process.poll() is None:
+            self.process.send_signal(self.signal)
+            self.process.wait(30)
+        self.process = None
+
+    def remove(self):
+        self.stop()
+        shutil.rmtree(self.dir, ignore_errors=True)
+
+
+class PostgreSQL(_OwnServer):
     """A PostgreSQL server of the test's own, in a temporary directory, on
     a free loopback port: made by ``initdb`` (as ``nobody`` when the tests
     run as root, which PostgreSQL refuses), stopped and started again by
@@ -627,13 +667,12 @@ class PostgreSQL:
     by ``pg_basebackup -R``; ``options`` are ``-c`` settings of the
     server (``recovery_min_apply_delay=500ms``, say)."""
 
+    #: A fast shutdown: connections are cut, as at a restart.
+    signal = signal.SIGINT
+
     def __init__(self, standby_of=None, options=()):
-        self.user = 'nobody' if os.geteuid() == 0 else None
+        super().__init__('dbtune-pg-')
         self.options = list(options)
-        self.dir = Path(tempfile.mkdtemp(prefix='dbtune-pg-'))
-        if self.user:
-            shutil.chown(self.dir, self.user)
-        self.data = self.dir / 'data'
         if standby_of is None:
             command = [
                 _postgresql_bin('initdb'), '-D', str(self.data), '-A',
@@ -680,17 +719,6 @@ class PostgreSQL:
         finally:
             engine.dispose()
 
-    def stop(self):
-        """A fast shutdown: connections are cut, as at a restart."""
-        if self.process is not None and self.process.poll() is None:
-            self.process.send_signal(signal.SIGINT)
-            self.process.wait(30)
-        self.process = None
-
-    def remove(self):
-        self.stop()
-        shutil.rmtree(self.dir, ignore_errors=True)
-
 
 @pytest.fixture
 def own_postgresql():
@@ -712,7 +740,7 @@ def streaming(request):
     primary.remove()
 
 
-class MariaDB:
+class MariaDB(_OwnServer):
     """A MariaDB server of the test's own, in a temporary directory, on a
     free loopback port (``mariadb-install-db``, then ``mariadbd`` as
     ``nobody`` when the tests run as root), with a binary log and GTIDs.
@@ -721,11 +749,7 @@ class MariaDB:
     applied ``delay`` seconds late (``MASTER_DELAY``)."""
 
     def __init__(self, server_id=1, replica_of=None, delay=0):
-        self.user = 'nobody' if os.geteuid() == 0 else None
-        self.dir = Path(tempfile.mkdtemp(prefix='dbtune-mariadb-'))
-        if self.user:
-            shutil.chown(self.dir, self.user)
-        self.data = self.dir / 'data'
+        super().__init__('dbtune-mariadb-')
         self.server_id = server_id
         install = shutil.which('mariadb-install-db') or shutil.which(
             'mysql_install_db'
@@ -787,16 +811,6 @@ class MariaDB:
                 connection.commit()
         finally:
             engine.dispose()
-
-    def stop(self):
-        if self.process is not None and self.process.poll() is None:
-            self.process.terminate()
-            self.process.wait(30)
-        self.process = None
-
-    def remove(self):
-        self.stop()
-        shutil.rmtree(self.dir, ignore_errors=True)
 
 
 @pytest.fixture

@@ -25,7 +25,9 @@ from pyramid_dbtune.deploy.cli import main
 from pyramid_dbtune.settings import parse
 
 from conftest import (
+    AREAS,
     GET,
+    READS,
     SEARCH,
     SET_RENT,
     call,
@@ -33,20 +35,7 @@ from conftest import (
     shared_settings,
 )
 
-AREAS = {
-    'name': 'areas',
-    'sql': 'SELECT area, count(*) AS n FROM property GROUP BY area',
-    'cache_time': 20,
-}
 METHODS = [SEARCH, GET, AREAS, SET_RENT]
-READS = [
-    ('search', {'area': 'Headingley'}),
-    ('search', {'area': 'Burley'}),
-    ('search', {'area': 'Hyde Park'}),
-    ('get', {'id': 1}),
-    ('get', {'id': 4}),
-    ('areas', {}),
-]
 LISTEN = {'dbtune.cache.listen': 'true', 'dbtune.cache.listen_every': '0.05'}
 #: Seconds a change made outside the app may take to reach a process.
 LIMIT = 1.0

@@ -21,13 +21,17 @@ from pyramid_dbtune.sql.conditions import (
     write_shape,
 )
 
-from conftest import GET, SEARCH, SET_RENT, Property, call, shared_settings
+from conftest import (
+    AREAS,
+    GET,
+    READS,
+    SEARCH,
+    SET_RENT,
+    Property,
+    call,
+    shared_settings,
+)
 
-AREAS = {
-    'name': 'areas',
-    'sql': 'SELECT area, count(*) AS n FROM property GROUP BY area',
-    'cache_time': 20,
-}
 MOVE = {
     'name': 'move',
     'sql': 'UPDATE property SET area = :area WHERE id = :id',
@@ -43,15 +47,6 @@ ADD = {
 STATS = {'dbtune.stats': 'true', 'dbtune.stats.token': 'a token, long enough'}
 REMOVE = {'name': 'remove', 'sql': 'DELETE FROM property WHERE id = :id'}
 METHODS = [SEARCH, GET, AREAS, SET_RENT, MOVE, SHOUT, ADD, REMOVE]
-
-READS = [
-    ('search', {'area': 'Headingley'}),
-    ('search', {'area': 'Burley'}),
-    ('search', {'area': 'Hyde Park'}),
-    ('get', {'id': 1}),
-    ('get', {'id': 4}),
-    ('areas', {}),
-]
 
 
 def dropped(app, write, other=None):
