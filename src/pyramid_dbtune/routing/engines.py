@@ -19,12 +19,13 @@ from sqlalchemy.engine import make_url
 from sqlalchemy.exc import DBAPIError
 
 from ..deploy import forks
+from ..sql.analysis import ANY_TABLE
 from ..sql.rows import Rows
 from .errors import (
     WriteSlotTimeout,
     mark_retryable,
 )
-from .lag import LagWatch
+from .lag import LagWatch, position_of
 
 log = logging.getLogger(__name__)
 
@@ -161,6 +162,9 @@ class ReadEngine:
         #: Seconds behind the writer, with ``dbtune.max_replica_lag``
         #: (None: not known).
         self.lag = None
+        #: With causal reads, the log position it has replayed (None: not
+        #: known).
+        self.position = None
 
 
 class Router:
@@ -215,12 +219,20 @@ class Router:
         #: behind than ``dbtune.max_replica_lag`` (failovers count them
         #: too).
         self.behind = 0
+        #: Causal reads: pins and fills by the writer's log position.
+        self.positions = (
+            self.replicas
+            and self.dialect == 'postgresql'
+            and settings.pin_secret is not None
+        )
         self.lag_watch = (
-            LagWatch(self.readers)
-            if self.replicas and settings.max_replica_lag
+            LagWatch(self.readers, self.positions)
+            if self.replicas and (settings.max_replica_lag or self.positions)
             else None
         )
         self._recent = {}
+        #: table: the log position of the last commit that wrote it
+        self._written = {}
         self._columns = {}
         self._reset_locks()
         forks.renew_after_fork(self)
@@ -263,15 +275,24 @@ class Router:
 
     # Reads
 
-    def pick(self, count=True):
+    def pick(self, count=True, position=0):
         """The reader with the fewest reads in flight, or None if all are
         down, or further behind than ``dbtune.max_replica_lag`` (then the
-        writer serves); ``count``: one more in flight."""
+        writer serves); ``count``: one more in flight. ``position``: a
+        log position the reader must have replayed (causal reads)."""
         now = monotonic()
         bound = self.settings.max_replica_lag or float('inf')
         with self._lock:
             up = [r for r in self.readers if r.down_until <= now]
-            near = [r for r in up if r.lag is None or r.lag <= bound]
+            near = [
+                r
+                for r in up
+                if (r.lag is None or r.lag <= bound)
+                and (
+                    not position
+                    or (r.position is not None and r.position >= position)
+                )
+            ]
             if len(near) < len(up) and not near:
                 self.behind += count
             up = near
@@ -284,13 +305,23 @@ class Router:
             reader.reads += count
             return reader
 
-    def read(self, statement, params, max_rows, tables=(), writer=False):
+    def read(
+        self, statement, params, max_rows, tables=(), writer=False, position=0
+    ):
         """Run a read, read-only, on a reader; on the writer when ``writer``
         is true, when ``tables`` were written within the replicas' lag
-        window, or when no reader is up."""
+        window, or when no reader is up. With causal reads, on a reader
+        that has replayed ``position`` and the last commit that wrote
+        ``tables``."""
         if not writer and self._recently_written(tables):
             writer = True
-        reader = None if writer else self.pick()
+        if self._written:
+            with self._lock:
+                needed = [
+                    self._written.get(t, 0) for t in (*tables, ANY_TABLE)
+                ]
+            position = max(position, *needed)
+        reader = None if writer else self.pick(position=position)
         if reader is None:
             if not writer:
                 self.failovers += 1
@@ -383,19 +414,37 @@ class Router:
                 reader.down_until = 0.0
             log.warning('read database %s is back', reader.name)
 
-    def reader_engine(self):
+    def reader_engine(self, position=0):
         """An engine for a session's reads: the least busy reader that is
-        up, or the writer."""
-        reader = self.pick(count=False)
+        up (and has replayed ``position``), or the writer."""
+        reader = self.pick(count=False, position=position)
         return self.writer if reader is None else reader.engine
 
     # Replica lag
 
-    def wrote(self, tables):
-        """Note a committed write: with replicas and
-        ``dbtune.pin_after_write``, reads of these tables go to the writer
-        for that long, so that no cache is filled from a replica that has
+    def caught_up(self, position):
+        """Whether every reader has replayed ``position``, as last seen."""
+        return all(
+            r.position is not None and r.position >= position
+            for r in self.readers
+        )
+
+    def position(self):
+        """The writer's log position now (causal reads)."""
+        with self.writer.connect() as connection:
+            return position_of(connection)
+
+    def wrote(self, tables, position=None):
+        """Note a committed write: with causal reads, reads of these tables
+        go to a reader that has replayed ``position``, where the commit
+        ended; else with replicas and ``dbtune.pin_after_write``, to the
+        writer for that long: no cache is filled from a replica that has
         not caught up."""
+        if position is not None:
+            with self._lock:
+                for table in tables or [ANY_TABLE]:  # None: which, unknown
+                    self._written[table] = position
+            return
         if not (self.replicas and self.settings.pin_after_write):
             return
         until = monotonic() + self.settings.pin_after_write

@@ -31,6 +31,22 @@ _LAG = {
 }
 
 
+def position_of(connection):
+    """The log position a PostgreSQL server has replayed (a standby) or
+    written (a primary), as a number."""
+    text = connection.exec_driver_sql(
+        'SELECT CASE WHEN pg_is_in_recovery() THEN pg_last_wal_replay_lsn() '
+        'ELSE pg_current_wal_lsn() END'
+    ).scalar()
+    return None if text is None else lsn(text)
+
+
+def lsn(text):
+    """PostgreSQL's ``pg_lsn`` text (``16/B374D848``) as a number."""
+    high, low = str(text).split('/')
+    return (int(high, 16) << 32) + int(low, 16)
+
+
 def lag_of(connection):
     """Seconds the database of ``connection`` is behind its primary;
     infinite where it does not know (it replays nothing yet, or its
@@ -48,8 +64,10 @@ def lag_of(connection):
 class LagWatch:
     """The thread that keeps each reader's ``lag`` up to date."""
 
-    def __init__(self, readers):
+    def __init__(self, readers, positions=False):
         self.readers = readers
+        #: Whether it reads their log positions too (causal reads).
+        self.positions = positions
         self.after_fork()
         forks.renew_after_fork(self)
 
@@ -72,12 +90,13 @@ class LagWatch:
             if self._stopping.wait(EVERY):
                 return
 
-    @staticmethod
-    def look(reader):
+    def look(self, reader):
         """Read ``reader``'s lag now; None where it cannot be read."""
         try:
             with reader.engine.connect() as connection:
                 reader.lag = lag_of(connection)
+                if self.positions:
+                    reader.position = position_of(connection)
         except Exception as exc:
             if reader.lag is not None:
                 log.warning(
@@ -86,4 +105,4 @@ class LagWatch:
                     exc.__class__.__name__,
                     exc,
                 )
-            reader.lag = None
+            reader.lag = reader.position = None

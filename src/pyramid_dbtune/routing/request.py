@@ -50,6 +50,7 @@ class RequestContext:
                 method.max_rows,
                 method.tables,
                 writer=self.unit.pinned,
+                position=self.unit.position,
             )
         except DBAPIError as exc:
             if is_read_only_refusal(exc.orig):
@@ -120,7 +121,10 @@ class BoundSQLMethod:
         if method.writes or unit.dirty:
             context.cache['uncached'] += 1
             return context.execute(method, params)
-        if not self.cache_time or unit.pinned:
+        # A client whose last commit a reader has yet to replay reads past
+        # the cache, which other processes may have filled from that reader.
+        waits = unit.position and not unit.router.caught_up(unit.position)
+        if not self.cache_time or unit.pinned or waits:
             context.cache['uncached'] += 1
             return context.read(method, params)
         values = method.values(params)

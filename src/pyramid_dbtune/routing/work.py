@@ -12,6 +12,8 @@ from nor stored in the cache. After a commit the cached results of the
 tables written are invalidated; an abort invalidates nothing.
 """
 
+import hashlib
+import hmac
 import logging
 import time
 from time import perf_counter
@@ -39,6 +41,28 @@ MAX_ROWS_TOLD = 100
 #: What begins the SELECT that finds the rows a SQL method's write
 #: touches, so that it is told apart in the database's logs.
 ROWS_TOLD = '/* pyramid_dbtune: the rows a write touches */ '
+#: Seconds a causal pin is kept by the client: replicas replay long before.
+PIN_FOR = 3600
+
+
+def sign_pin(position, settings):
+    """A causal pin's cookie value: the position, signed."""
+    mac = hmac.new(
+        settings.pin_secret.encode(), str(position).encode(), hashlib.sha256
+    )
+    return f'{position}.{mac.hexdigest()[:32]}'
+
+
+def read_pin(value, settings):
+    """The position of a causal pin's cookie value; 0 for none, or one
+    that is not signed with ``dbtune.pin_secret``."""
+    position, _, _ = value.partition('.')
+    number = whole_number(position)
+    if number is None or not hmac.compare_digest(
+        value, sign_pin(number, settings)
+    ):
+        return 0
+    return number
 
 
 class UnitOfWork:
@@ -58,13 +82,20 @@ class UnitOfWork:
         self.dirty = False
         #: True when reads must go to the writer (pinned after a write).
         self.pinned = False
+        #: With causal reads, the log position the client's reads must see
+        #: (its last commit's, from its pin; 0: none).
+        self.position = 0
         self.write_wait = 0.0
         self._session = self._reader = None
         self._tables = set()
         self._tags = set()
         self._all_tables = False
         self._committed_writes = False
-        if router.replicas and router.settings.pin_after_write:
+        if router.positions:
+            self.position = read_pin(
+                request.cookies.get(PIN_COOKIE, ''), router.settings
+            )
+        elif router.replicas and router.settings.pin_after_write:
             pin = whole_number(request.cookies.get(PIN_COOKIE, ''))
             self.pinned = pin is not None and pin > time.time()
 
@@ -106,7 +137,9 @@ class UnitOfWork:
         ``register``)."""
         self._session = session
         self._reader = (
-            self.router.writer if self.pinned else self.router.reader_engine()
+            self.router.writer
+            if self.pinned
+            else self.router.reader_engine(self.position)
         )
         session.info[UNIT] = self
         session.bind = self._engine()
@@ -270,10 +303,31 @@ class UnitOfWork:
     def _after_commit(self, committed):
         if committed:
             self.cache.invalidate(None if self._all_tables else self._tags)
-            if not self._all_tables:
-                self.router.wrote(self._tables)
-            self._pin()
+            if self.router.positions:
+                self._pin_position(self.router.position())
+            else:
+                if not self._all_tables:
+                    self.router.wrote(self._tables)
+                self._pin()
         self._finish()
+
+    def _pin_position(self, position):
+        """Causal reads: the client's reads from now on must see
+        ``position``, where this commit ended (a signed cookie); so must
+        this process's fills of the tables written."""
+        self.router.wrote(None if self._all_tables else self._tables, position)
+        # A transaction commits once: one cookie.
+        self.request.add_response_callback(
+            lambda request, response: response.set_cookie(
+                PIN_COOKIE,
+                sign_pin(self.position, self.router.settings),
+                max_age=PIN_FOR,
+                httponly=True,
+                samesite='Lax',
+                path='/',
+            )
+        )
+        self.position = max(self.position, position)
 
     def _pin(self):
         seconds = self.router.settings.pin_after_write
