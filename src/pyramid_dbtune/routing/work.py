@@ -301,15 +301,19 @@ class UnitOfWork:
         mark_changed(session, transaction_manager=self.request.tm)
 
     def _after_commit(self, committed):
-        if committed:
-            self.cache.invalidate(None if self._all_tables else self._tags)
-            if self.router.positions:
-                self._pin_position(self.router.position())
-            else:
-                if not self._all_tables:
-                    self.router.wrote(self._tables)
-                self._pin()
-        self._finish()
+        # The slot goes back whatever happens here (the writer failing to
+        # tell its position, say: transaction logs a hook's error).
+        try:
+            if committed:
+                self.cache.invalidate(None if self._all_tables else self._tags)
+                if self.router.positions:
+                    self._pin_position(self.router.position())
+                else:
+                    if not self._all_tables:
+                        self.router.wrote(self._tables)
+                    self._pin()
+        finally:
+            self._finish()
 
     def _pin_position(self, position):
         """Causal reads: the client's reads from now on must see
