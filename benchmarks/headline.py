@@ -430,13 +430,15 @@ def install_triggers(env):
     """What ``dbtune triggers`` does for the tuned app: triggers that tell
     it of the checker's writes made straight in the database."""
     from headline_apps import tuned_app
-    from pyramid_dbtune.cache import changes
+    from pyramid_dbtune.cache import triggers
 
     os.environ.update(env)
     # Its tables and pins; no listener of its own (nothing is installed).
     dbtune = tuned_app(**{'dbtune.cache.listen': 'false'}).registry.dbtune
     try:
-        changes.install(dbtune.router.writer, changes.tables_to_watch(dbtune))
+        triggers.install(
+            dbtune.router.writer, triggers.tables_to_watch(dbtune)
+        )
     finally:
         dbtune.close()
 

@@ -20,7 +20,7 @@ import sqlalchemy as sa
 from pyramid.config import Configurator
 from pyramid.exceptions import ConfigurationError
 
-from pyramid_dbtune.cache import changes
+from pyramid_dbtune.cache import changes, triggers
 from pyramid_dbtune.deploy.cli import main
 from pyramid_dbtune.settings import parse
 
@@ -46,7 +46,7 @@ def listening(url, apps, settings=LISTEN, methods=METHODS):
     """An app with the listener on, the triggers installed, listening."""
     create_tables(url)
     engine = sa.create_engine(url, poolclass=sa.pool.NullPool)
-    changes.install(engine, {'property': ['area', 'id']})
+    triggers.install(engine, {'property': ['area', 'id']})
     engine.dispose()
     app = apps(url, methods, settings, tables=False)
     assert app.app.registry.dbtune.listener.listening.wait(10)
@@ -326,7 +326,7 @@ def watched(url):
     engine = sa.create_engine(url, poolclass=sa.pool.NullPool)
     try:
         with engine.connect() as connection:
-            return changes._watched(connection)
+            return triggers.watched(connection)
     finally:
         engine.dispose()
 
@@ -400,7 +400,7 @@ def test_a_shared_cache_is_kept_when_a_process_starts_listening(
 ):
     create_tables(postgresql_url)
     engine = sa.create_engine(postgresql_url, poolclass=sa.pool.NullPool)
-    changes.install(engine, {'property': ['area', 'id']})
+    triggers.install(engine, {'property': ['area', 'id']})
     engine.dispose()
     settings = shared_settings(memcached)
     first = apps(postgresql_url, METHODS, settings, tables=False)
@@ -432,13 +432,13 @@ def test_a_read_of_tables_not_told_is_not_watched(sqlite_url, apps):
     app = apps(sqlite_url, [*METHODS, unknown])
     dbtune = app.app.registry.dbtune
     assert dbtune.methods['unknown'].invalidated_by == {'*'}
-    assert changes.tables_to_watch(dbtune) == {'property': ['area', 'id']}
+    assert triggers.tables_to_watch(dbtune) == {'property': ['area', 'id']}
 
 
 def test_mariadbs_changes_are_kept_an_hour(mysql_url, apps):
     create_tables(mysql_url)
     engine = sa.create_engine(mysql_url, poolclass=sa.pool.NullPool)
-    changes.install(engine, {'property': ['area', 'id']})
+    triggers.install(engine, {'property': ['area', 'id']})
     outside(
         mysql_url,
         "INSERT INTO dbtune_changes (tbl, at) VALUES ('property', "

@@ -30,18 +30,11 @@ import time
 import sqlalchemy as sa
 
 from ..deploy import forks
-from ..sql.conditions import PLAIN, any_row, value_tag
+from ..sql.conditions import any_row, value_tag
+from .triggers import CHANNEL, ORIGIN, tables_to_watch, watched
 
 log = logging.getLogger(__name__)
 
-#: PostgreSQL's channel, and MySQL's table of changes.
-CHANNEL = 'dbtune_changes'
-#: Rows a PostgreSQL notice tells at the most (more: the whole table).
-MAX_ROWS = 100
-#: The session variable that names where a write comes from: the app's
-#: writer connections set it, so that a listener can pass over the changes
-#: its own cache has dropped already (``@dbtune_origin`` on MySQL).
-ORIGIN = 'dbtune.origin'
 #: Seconds between attempts to connect again, at the most.
 MAX_BACKOFF = 2.0
 #: Seconds between two checks that the listener's connection still works.
@@ -51,19 +44,6 @@ KEEP_CHANGES = 3600
 #: MySQL: seconds a transaction may have been open, holding a change, when
 #: a listener connects, for the listener to wait for it.
 OPEN_FOR = 60
-
-
-def tables_to_watch(dbtune):
-    """Table: its pinned columns, for every table a cached SQL method
-    reads, by a plain name (a read whose tables cannot be told has none;
-    a quoted name is read as a whole by writes through the app alone)."""
-    tables = {}
-    for registered in dbtune.methods.values():
-        if registered.cache_time and not registered.method.writes:
-            for table in registered.invalidated_by:
-                if PLAIN.match(table):
-                    tables[table] = sorted(dbtune.pinned.get(table, ()))
-    return dict(sorted(tables.items()))
 
 
 def tags_of(table, rows, pinned):
@@ -85,145 +65,6 @@ def tags_of(table, rows, pinned):
                 return whole
             tags.add(tag)
     return tags
-
-
-# Installing
-
-
-def _quote(engine, name):
-    return engine.dialect.identifier_preparer.quote(name)
-
-
-def _literal(name):
-    """A plain name (:func:`tables_to_watch`) as a string literal of SQL."""
-    return f"'{name}'"
-
-
-_PG_FUNCTION = f"""
-CREATE OR REPLACE FUNCTION dbtune_changed() RETURNS trigger
-LANGUAGE plpgsql AS $dbtune$
-DECLARE
-  gone jsonb;
-  came jsonb;
-  counted_gone int := 0;
-  counted_came int := 0;
-  message text;
-BEGIN
-  IF TG_OP IN ('UPDATE', 'DELETE') THEN
-    SELECT count(*), jsonb_agg(DISTINCT picked) INTO counted_gone, gone
-    FROM (SELECT (SELECT jsonb_object_agg(key, value)
-                  FROM jsonb_each(to_jsonb(o)) WHERE key = ANY(TG_ARGV))
-          AS picked FROM dbtune_old o LIMIT {MAX_ROWS + 1}) s;
-  END IF;
-  IF TG_OP IN ('UPDATE', 'INSERT') THEN
-    SELECT count(*), jsonb_agg(DISTINCT picked) INTO counted_came, came
-    FROM (SELECT (SELECT jsonb_object_agg(key, value)
-                  FROM jsonb_each(to_jsonb(n)) WHERE key = ANY(TG_ARGV))
-          AS picked FROM dbtune_new n LIMIT {MAX_ROWS + 1}) s;
-  END IF;
-  IF TG_OP <> 'TRUNCATE' AND counted_gone + counted_came = 0 THEN
-    RETURN NULL;
-  END IF;
-  IF TG_OP = 'TRUNCATE' OR TG_NARGS = 0
-     OR greatest(counted_gone, counted_came) > {MAX_ROWS} THEN
-    message := jsonb_build_object(
-      't', TG_TABLE_NAME, 'o', current_setting('{ORIGIN}', true))::text;
-  ELSE
-    message := jsonb_build_object(
-      't', TG_TABLE_NAME, 'o', current_setting('{ORIGIN}', true),
-      'rows', coalesce(gone, '[]') || coalesce(came, '[]'))::text;
-    IF octet_length(message) > 7900 THEN
-      message := jsonb_build_object(
-        't', TG_TABLE_NAME, 'o', current_setting('{ORIGIN}', true))::text;
-    END IF;
-  END IF;
-  PERFORM pg_notify('{CHANNEL}', message);
-  RETURN NULL;
-END
-$dbtune$
-"""
-
-_PG_EVENTS = {
-    'insert': 'INSERT ON {t} REFERENCING NEW TABLE AS dbtune_new',
-    'update': (
-        'UPDATE ON {t} REFERENCING OLD TABLE AS dbtune_old '
-        'NEW TABLE AS dbtune_new'
-    ),
-    'delete': 'DELETE ON {t} REFERENCING OLD TABLE AS dbtune_old',
-    'truncate': 'TRUNCATE ON {t}',
-}
-
-_MY_TABLE = f"""
-CREATE TABLE IF NOT EXISTS {CHANNEL} (
-  id BIGINT NOT NULL AUTO_INCREMENT PRIMARY KEY,
-  tbl VARCHAR(64) NOT NULL,
-  cols LONGTEXT NULL,
-  origin VARCHAR(200) NULL,
-  at TIMESTAMP(6) NOT NULL DEFAULT CURRENT_TIMESTAMP(6)
-) ENGINE=InnoDB
-"""
-
-_MY_EVENTS = {'insert': ('NEW',), 'update': ('OLD', 'NEW'), 'delete': ('OLD',)}
-
-
-def trigger_sql(engine, tables, drop=False):
-    """The statements that install (or ``drop``) the triggers of
-    ``tables`` (table: pinned columns) on ``engine``'s database."""
-    dialect = engine.dialect.name
-    statements = []
-    for table, columns in tables.items():
-        quoted = _quote(engine, table)
-        for event in _PG_EVENTS if dialect == 'postgresql' else _MY_EVENTS:
-            name = (
-                f'dbtune_{event}'
-                if dialect == 'postgresql'
-                else _quote(engine, f'dbtune_{event}_{table}'[:64])
-            )
-            on = f' ON {quoted}' if dialect == 'postgresql' else ''
-            statements.append(f'DROP TRIGGER IF EXISTS {name}{on}')
-            if drop:
-                continue
-            if dialect == 'postgresql':
-                args = ', '.join(map(_literal, columns))
-                statements.append(
-                    f'CREATE TRIGGER {name} AFTER '
-                    + _PG_EVENTS[event].format(t=quoted)
-                    + f' FOR EACH STATEMENT EXECUTE FUNCTION '
-                    f'dbtune_changed({args})'
-                )
-            else:
-                rows = ', '.join(
-                    'JSON_OBJECT('
-                    + ', '.join(
-                        f"'{c}', {which}.{_quote(engine, c)}" for c in columns
-                    )  # fmt: skip
-                    + ')'
-                    for which in _MY_EVENTS[event]
-                )
-                told = f'JSON_ARRAY({rows})' if columns else 'NULL'
-                statements.append(
-                    f'CREATE TRIGGER {name} AFTER {event.upper()} ON {quoted} '
-                    f'FOR EACH ROW INSERT INTO {CHANNEL} (tbl, cols, origin) '
-                    f'VALUES ({_literal(table)}, {told}, '
-                    f'@{ORIGIN.replace(".", "_")})'
-                )
-    if drop:
-        return statements
-    first = _PG_FUNCTION if dialect == 'postgresql' else _MY_TABLE
-    return [first.strip(), *statements]
-
-
-def install(engine, tables, drop=False):
-    """Install (or ``drop``) the triggers of ``tables``, in one
-    transaction where the database allows."""
-    if engine.dialect.name not in ('postgresql', 'mysql'):
-        raise ValueError(
-            f'{engine.dialect.name} cannot tell the package of writes made '
-            'outside the application: PostgreSQL, MySQL and MariaDB can'
-        )
-    with engine.begin() as connection:
-        for statement in trigger_sql(engine, tables, drop):
-            connection.exec_driver_sql(statement)
 
 
 # Listening
@@ -321,7 +162,7 @@ class Listener:
                     'result was dropped'
                 )
         missing = sorted(
-            set(tables_to_watch(self.dbtune)) - _watched(connection)
+            set(tables_to_watch(self.dbtune)) - watched(connection)
         )
         if missing:
             log.warning(
@@ -424,27 +265,6 @@ def _forget_old(connection, floor):
         connection.exec_driver_sql(
             f'DELETE FROM {CHANNEL} WHERE id IN ({ids})'
         )
-
-
-def _watched(connection):
-    """The tables that have the package's triggers."""
-    if connection.dialect.name == 'postgresql':
-        found = connection.exec_driver_sql(
-            'SELECT c.relname FROM pg_trigger t JOIN pg_class c ON '
-            "c.oid = t.tgrelid WHERE t.tgname = 'dbtune_update' "
-            'AND pg_table_is_visible(c.oid)'
-        )
-    else:
-        found = connection.exec_driver_sql(
-            'SELECT event_object_table, trigger_name FROM '
-            'information_schema.triggers WHERE trigger_schema = DATABASE()'
-        )
-        return {
-            table
-            for table, name in found
-            if name == f'dbtune_update_{table}'[:64]
-        }
-    return set(found.scalars())
 
 
 class _Changes:

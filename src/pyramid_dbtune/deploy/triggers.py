@@ -36,14 +36,14 @@ def run(args, stdout=None, stderr=None):
     """The command: 0 when done, 2 when it cannot be."""
     from pyramid.paster import bootstrap
 
-    from ..cache import changes
+    from ..cache import triggers
 
     stdout = stdout or sys.stdout
     stderr = stderr or sys.stderr
     env = bootstrap(args.config_uri)
     try:
         dbtune = env['registry'].dbtune
-        tables = changes.tables_to_watch(dbtune)
+        tables = triggers.tables_to_watch(dbtune)
         if not tables:
             stderr.write(
                 'dbtune triggers: no cached SQL method reads a table by '
@@ -52,11 +52,11 @@ def run(args, stdout=None, stderr=None):
             return 2
         engine = dbtune.router.writer
         if args.sql:
-            for statement in changes.trigger_sql(engine, tables, args.drop):
+            for statement in triggers.trigger_sql(engine, tables, args.drop):
                 stdout.write(statement + ';\n')
             return 0
         try:
-            changes.install(engine, tables, args.drop)
+            triggers.install(engine, tables, args.drop)
         except ValueError as exc:
             stderr.write(f'dbtune triggers: {exc}\n')
             return 2
