@@ -99,6 +99,7 @@ class Listener:
         self._thread = None
         self._running = False
         self._check_at = 0.0
+        self._shared_origin = _shared_origin(settings)
         forks.renew_after_fork(self)
 
     def start(self):
@@ -178,14 +179,8 @@ class Listener:
         """What the app's writes are marked with: changes whose commit
         dropped what they changed from this cache. With memcached, any
         process's that shares it; else this process's."""
-        settings = self.dbtune.settings
-        if settings.cache_backend == 'memcached':
-            shared = (
-                f'{settings.cache_namespace} {settings.cache_servers} '
-                f'{settings.cache_secret}'
-            )
-            digest = hashlib.sha256(shared.encode()).hexdigest()[:16]
-            return f'memcached {digest}'
+        if self._shared_origin is not None:
+            return self._shared_origin
         return f'process {os.getpid()} {id(self.dbtune.cache)}'
 
     def _mark(self, dbapi_connection, record):
@@ -249,6 +244,18 @@ class Listener:
         self._check_at = now + CHECK_EVERY
         connection.exec_driver_sql('SELECT 1')
         return True
+
+
+def _shared_origin(settings):
+    """The origin of every process that shares a memcached cache (one
+    digest of what it shares), or None for a cache of a process's own."""
+    if settings.cache_backend != 'memcached':
+        return None
+    shared = (
+        f'{settings.cache_namespace} {settings.cache_servers} '
+        f'{settings.cache_secret}'
+    )
+    return f'memcached {hashlib.sha256(shared.encode()).hexdigest()[:16]}'
 
 
 def _forget_old(connection, floor):
@@ -324,8 +331,8 @@ class _Changes:
                 self.seen.add(id_)
                 self.missing.discard(id_)
                 if apply is not None:
-                    rows = None if cols is None else json.loads(cols)
-                    apply(table, rows, origin)
+                    changed = None if cols is None else json.loads(cols)
+                    apply(table, changed, origin)
 
 
 #: MySQL's error for a row locked by another transaction, at once with
