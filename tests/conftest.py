@@ -9,14 +9,11 @@ import functools
 import os
 import random
 import shutil
-import signal
 import socket
 import subprocess
-import tempfile
 import threading
 import time
 import uuid
-from pathlib import Path
 
 import pytest
 import sqlalchemy as sa
@@ -26,6 +23,7 @@ from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
 from webtest import TestApp
 
 from pyramid_dbtune.routing.work import ROWS_TOLD
+from servers import MariaDB, PostgreSQL, ServerMissing
 
 POSTGRESQL_URL = os.environ.get(
     'DBTUNE_TEST_POSTGRESQL',
@@ -603,126 +601,18 @@ def kept_by_large_calls(app, calls=150):
         tracemalloc.stop()
 
 
-def _postgresql_bin(name):
-    """A PostgreSQL server program: on the PATH, or where Debian's
-    postgresql packages put it (the newest version)."""
-    found = shutil.which(name)
-    if found:
-        return found
-    versions = sorted(
-        Path('/usr/lib/postgresql').glob(f'*/bin/{name}'),
-        key=lambda p: int(p.parts[-3]) if p.parts[-3].isdigit() else 0,
-    )
-    if not versions:
-        server_missing(f'PostgreSQL ({name})', 'not installed')
-    return str(versions[-1])
-
-
-def free_port():
-    """A loopback port below Linux's ephemeral range that is free now."""
-    for _ in range(50):
-        port = random.randrange(20000, 32000)
-        with socket.socket() as s:
-            try:
-                s.bind(('127.0.0.1', port))
-            except OSError:
-                continue
-            return port
-    raise OSError('no free loopback port')
-
-
-class _OwnServer:
-    """A database server of the test's own: its temporary directory (owned
-    by ``nobody`` when the tests run as root, as the servers insist), its
-    process, stopped by ``signal``."""
-
-    signal = signal.SIGTERM
-
-    def __init__(self, prefix):
-        self.user = 'nobody' if os.geteuid() == 0 else None
-        self.dir = Path(tempfile.mkdtemp(prefix=prefix))
-        if self.user:
-            shutil.chown(self.dir, self.user)
-        self.data = self.dir / 'data'
-        self.process = None
-
-    def stop(self):
-        if self.process is not None and self.process.poll() is None:
-            self.process.send_signal(self.signal)
-            self.process.wait(30)
-        self.process = None
-
-    def remove(self):
-        self.stop()
-        shutil.rmtree(self.dir, ignore_errors=True)
-
-
-class PostgreSQL(_OwnServer):
-    """A PostgreSQL server of the test's own, in a temporary directory, on
-    a free loopback port: made by ``initdb`` (as ``nobody`` when the tests
-    run as root, which PostgreSQL refuses), stopped and started again by
-    the test, and removed at the end.
-
-    With ``standby_of``, a streaming standby of that server instead, made
-    by ``pg_basebackup -R``; ``options`` are ``-c`` settings of the
-    server (``recovery_min_apply_delay=500ms``, say)."""
-
-    #: A fast shutdown: connections are cut, as at a restart.
-    signal = signal.SIGINT
-
-    def __init__(self, standby_of=None, options=()):
-        super().__init__('dbtune-pg-')
-        self.options = list(options)
-        if standby_of is None:
-            command = [
-                _postgresql_bin('initdb'), '-D', str(self.data), '-A',
-                'trust', '-U', 'postgres', '--no-sync', '-E', 'UTF8',
-            ]  # fmt: skip
-        else:
-            command = [
-                _postgresql_bin('pg_basebackup'), '-h', '127.0.0.1',
-                '-p', str(standby_of.port), '-U', 'postgres',
-                '-D', str(self.data), '-R', '-X', 'stream', '--no-sync',
-            ]  # fmt: skip
-        subprocess.run(
-            command, user=self.user, check=True, capture_output=True
-        )
-        self.port = free_port()
-        self.url = (
-            f'postgresql+psycopg://postgres@127.0.0.1:{self.port}/postgres'
-        )
-        self.process = None
-        self.start()
-
-    def start(self):
-        self.process = subprocess.Popen(
-            [_postgresql_bin('postgres'), '-D', str(self.data),
-             '-p', str(self.port), '-k', str(self.dir),
-             '-c', 'listen_addresses=127.0.0.1', '-c', 'fsync=off',
-             *(f'-c{option}' for option in self.options)],
-            user=self.user,
-            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-        )  # fmt: skip
-        engine = sa.create_engine(self.url, poolclass=sa.pool.NullPool)
-        deadline = time.monotonic() + 30
-        try:
-            while True:
-                try:
-                    with engine.connect():
-                        return
-                except sa.exc.OperationalError as exc:
-                    if self.process.poll() is not None or (
-                        time.monotonic() > deadline
-                    ):
-                        server_missing(f'PostgreSQL on {self.port}', exc)
-                    time.sleep(0.05)
-        finally:
-            engine.dispose()
+def own(server, *args, **options):
+    """``server(*args, **options)``, a server of the test's own: one that
+    cannot be had skips the test, or fails it under ``CI=true``."""
+    try:
+        return server(*args, **options)
+    except ServerMissing as exc:
+        server_missing(*exc.args)
 
 
 @pytest.fixture
 def own_postgresql():
-    server = PostgreSQL()
+    server = own(PostgreSQL)
     yield server
     server.remove()
 
@@ -732,85 +622,12 @@ def streaming(request):
     """A PostgreSQL primary of the test's own and its streaming standby,
     started with the test module's ``STANDBY_OPTIONS`` (such as
     ``recovery_min_apply_delay=2s``, which holds its replay back)."""
-    primary = PostgreSQL()
+    primary = own(PostgreSQL)
     options = getattr(request.module, 'STANDBY_OPTIONS', ())
-    standby = PostgreSQL(standby_of=primary, options=options)
+    standby = own(PostgreSQL, standby_of=primary, options=options)
     yield primary, standby
     standby.remove()
     primary.remove()
-
-
-class MariaDB(_OwnServer):
-    """A MariaDB server of the test's own, in a temporary directory, on a
-    free loopback port (``mariadb-install-db``, then ``mariadbd`` as
-    ``nobody`` when the tests run as root), with a binary log and GTIDs.
-
-    With ``replica_of``, a replica of that server by GTID, its events
-    applied ``delay`` seconds late (``MASTER_DELAY``)."""
-
-    def __init__(self, server_id=1, replica_of=None, delay=0):
-        super().__init__('dbtune-mariadb-')
-        self.server_id = server_id
-        install = shutil.which('mariadb-install-db') or shutil.which(
-            'mysql_install_db'
-        )
-        if install is None:
-            server_missing('MariaDB (mariadb-install-db)', 'not installed')
-        subprocess.run(
-            [install, '--no-defaults', f'--datadir={self.data}',
-             '--auth-root-authentication-method=normal', '--skip-test-db'],
-            user=self.user, check=True, capture_output=True,
-        )  # fmt: skip
-        self.port = free_port()
-        self.url = f'mysql+pymysql://root@127.0.0.1:{self.port}/test'
-        self.process = None
-        self.start()
-        if replica_of is None:
-            self.execute('CREATE DATABASE test')
-        else:
-            self.execute(
-                f"CHANGE MASTER TO MASTER_HOST='127.0.0.1', "
-                f"MASTER_PORT={replica_of.port}, MASTER_USER='root', "
-                f'MASTER_USE_GTID=slave_pos, MASTER_DELAY={delay}',
-                'START SLAVE',
-            )
-
-    def start(self):
-        server = shutil.which('mariadbd') or '/usr/sbin/mariadbd'
-        self.process = subprocess.Popen(
-            [server, '--no-defaults', f'--datadir={self.data}',
-             f'--port={self.port}', '--bind-address=127.0.0.1',
-             f'--socket={self.dir / "socket"}',
-             f'--pid-file={self.dir / "pid"}',
-             f'--log-bin={self.data / "bin"}',
-             f'--server-id={self.server_id}',
-             f'--log-error={self.dir / "error.log"}',
-             '--innodb-flush-log-at-trx-commit=0', '--skip-name-resolve'],
-            user=self.user,
-            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-        )  # fmt: skip
-        deadline = time.monotonic() + 30
-        while True:
-            try:
-                self.execute('SELECT 1')
-                return
-            except sa.exc.OperationalError as exc:
-                if self.process.poll() is not None or (
-                    time.monotonic() > deadline
-                ):
-                    server_missing(f'MariaDB on {self.port}', exc)
-                time.sleep(0.05)
-
-    def execute(self, *statements):
-        url = f'mysql+pymysql://root@127.0.0.1:{self.port}/'
-        engine = sa.create_engine(url, poolclass=sa.pool.NullPool)
-        try:
-            with engine.connect() as connection:
-                for statement in statements:
-                    connection.exec_driver_sql(statement)
-                connection.commit()
-        finally:
-            engine.dispose()
 
 
 @pytest.fixture
@@ -818,9 +635,44 @@ def gtid_replication(request):
     """A MariaDB primary of the test's own and its replica by GTID, which
     applies the primary's events the test module's ``REPLICA_DELAY``
     seconds late."""
-    primary = MariaDB()
+    primary = own(MariaDB)
     delay = getattr(request.module, 'REPLICA_DELAY', 0)
-    replica = MariaDB(server_id=2, replica_of=primary, delay=delay)
+    replica = own(MariaDB, server_id=2, replica_of=primary, delay=delay)
     yield primary, replica
     replica.remove()
     primary.remove()
+
+
+@pytest.fixture(params=['postgresql', 'mariadb'])
+def replicated(request):
+    """A primary with the test's tables, and a replica that has them: a
+    PostgreSQL standby (:func:`streaming`) or a MariaDB replica by GTID
+    (:func:`gtid_replication`)."""
+    kind = {'postgresql': 'streaming', 'mariadb': 'gtid_replication'}
+    primary, standby = request.getfixturevalue(kind[request.param])
+    create_tables(primary.url)
+    until(lambda: rent_on(standby.url) == 90)
+    return primary, standby
+
+
+def until(check, seconds=20):
+    """Wait for ``check()`` to be true; fail after ``seconds``."""
+    deadline = time.monotonic() + seconds
+    while not check():
+        assert time.monotonic() < deadline, 'not in time'
+        time.sleep(0.02)
+
+
+def rent_on(url, id=1):
+    """The rent of property ``id`` in the database of ``url`` now; None
+    while the database or the table is not there."""
+    engine = sa.create_engine(url, poolclass=sa.pool.NullPool)
+    try:
+        with engine.connect() as connection:
+            return connection.execute(
+                sa.text('SELECT rent FROM property WHERE id = :id'), {'id': id}
+            ).scalar()
+    except (sa.exc.ProgrammingError, sa.exc.OperationalError):
+        return None
+    finally:
+        engine.dispose()

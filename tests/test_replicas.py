@@ -14,31 +14,11 @@ from pyramid_dbtune.ops.metrics import database_figures
 from pyramid_dbtune.routing.lag import EVERY
 from pyramid_dbtune.settings import parse
 
-from conftest import GET, call, create_tables
+from conftest import GET, call, until
 
 #: Every replica applies a commit 2 s after it: behind by that, at least.
 STANDBY_OPTIONS = ['recovery_min_apply_delay=2s']
 REPLICA_DELAY = 2
-
-
-def until(check, seconds=20):
-    deadline = time.monotonic() + seconds
-    while not check():
-        assert time.monotonic() < deadline, 'not in time'
-        time.sleep(0.02)
-
-
-def rent_on(url, id=1):
-    engine = sa.create_engine(url, poolclass=sa.pool.NullPool)
-    try:
-        with engine.connect() as connection:
-            return connection.execute(
-                sa.text('SELECT rent FROM property WHERE id = :id'), {'id': id}
-            ).scalar()
-    except (sa.exc.ProgrammingError, sa.exc.OperationalError):
-        return None  # the database or the table is not there yet
-    finally:
-        engine.dispose()
 
 
 def set_rent(url, rent, id=1):
@@ -49,16 +29,6 @@ def set_rent(url, rent, id=1):
             {'rent': rent, 'id': id},
         )
     engine.dispose()
-
-
-@pytest.fixture(params=['postgresql', 'mariadb'])
-def replicated(request):
-    """A primary with the test's tables, and a replica that has them."""
-    kind = {'postgresql': 'streaming', 'mariadb': 'gtid_replication'}
-    primary, standby = request.getfixturevalue(kind[request.param])
-    create_tables(primary.url)
-    until(lambda: rent_on(standby.url) == 90)
-    return primary, standby
 
 
 def uncached(app, id=1):
