@@ -1,7 +1,8 @@
-"""Causal reads on real streaming replication: a write committed in one
-process, then read by the same client in another, over HTTP, sees the
-write though the standby replays it 0.5 s late; without pins the same
-run reads old rows; reads that carry no newer pin go to the standby."""
+"""Causal reads on real replication, PostgreSQL's streaming (the standby
+replays 0.5 s late) and MariaDB's by GTID (1 s late): a write committed
+in one process, then read by the same client in another, over HTTP, sees
+the write; without pins the same run reads old rows; reads that carry no
+newer pin go to the replica."""
 
 import http.cookies
 import json
@@ -12,14 +13,24 @@ import urllib.request
 from pathlib import Path
 
 import pytest
+import sqlalchemy as sa
 from webtest import TestApp
 
+from pyramid_dbtune.routing.engines import pin_key
+from pyramid_dbtune.routing.lag import (
+    NO_POSITION,
+    Position,
+    gtids,
+    position_of,
+)
 from pyramid_dbtune.routing.work import PIN_COOKIE, read_pin, sign_pin
 from pyramid_dbtune.settings import parse
 
-from conftest import GET, SET_RENT, call, create_tables
+from conftest import GET, SET_RENT, call, until
 
 STANDBY_OPTIONS = ['recovery_min_apply_delay=500ms']
+#: MariaDB's delay is in whole seconds.
+REPLICA_DELAY = 1
 SERVER = Path(__file__).parent / 'dbtune_server.py'
 SECRET = 'the causal reads test secret'
 TOKEN = 'the causal reads test token'
@@ -30,8 +41,8 @@ PAIRS = 500
 class Server:
     """The test app in a process of its own, over HTTP."""
 
-    def __init__(self, url, settings):
-        job = {'url': url, 'settings': settings, 'methods': [NOW, SET_RENT]}
+    def __init__(self, url, settings, methods=(NOW, SET_RENT)):
+        job = {'url': url, 'settings': settings, 'methods': list(methods)}
         self.process = subprocess.Popen(
             [sys.executable, str(SERVER), json.dumps(job)],
             stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
@@ -67,14 +78,13 @@ class Server:
 
 
 @pytest.fixture
-def servers(streaming):
-    primary, standby = streaming
-    create_tables(primary.url)
+def servers(replicated):
+    primary, standby = replicated
     made = []
 
-    def start(**settings):
+    def start(methods=(NOW, SET_RENT), **settings):
         settings = {'dbtune.read_urls': standby.url, **settings}
-        pair = [Server(primary.url, settings) for _ in range(2)]
+        pair = [Server(primary.url, settings, methods) for _ in range(2)]
         made.extend(pair)
         return pair
 
@@ -99,16 +109,22 @@ def test_a_clients_reads_see_its_writes_in_another_process(servers):
     assert write_then_read(writer, reader, PAIRS) == 0
 
 
-def test_without_pins_the_same_reads_are_stale(servers):
+def test_causal_reads_are_the_default(servers):
     writer, reader = servers()
+    assert write_then_read(writer, reader, 50) == 0
+
+
+def test_without_pins_the_same_reads_are_stale(servers):
+    writer, reader = servers(**{'dbtune.causal_reads': 'false'})
     assert write_then_read(writer, reader, 50) > 0
 
 
 def test_reads_without_a_newer_pin_go_to_the_standby(servers):
     stats = {'dbtune.stats': 'true', 'dbtune.stats.token': TOKEN}
-    writer, reader = servers(**{'dbtune.pin_secret': SECRET, **stats})
+    writer, reader = servers(**stats)
     _, pin = writer.call('set_rent', {'id': 1, 'rent': 7})
-    time.sleep(1)  # the standby replays it, and the watch sees it
+    # The replica replays it, and the watch sees it.
+    time.sleep(REPLICA_DELAY + 1)
     for _ in range(100):
         reader.call('get', {'id': 1}, pin)  # an old pin
         reader.call('get', {'id': 1})  # none
@@ -117,45 +133,99 @@ def test_reads_without_a_newer_pin_go_to_the_standby(servers):
     assert on_standby / (on_standby + roles['writer']['reads']) >= 0.9
 
 
-def test_a_pin_is_signed():
-    settings = parse({'dbtune.url': 'sqlite://', 'dbtune.pin_secret': SECRET})
-    assert read_pin(sign_pin(42, settings), settings) == 42
-    assert read_pin('42.' + '0' * 32, settings) == 0
-    assert read_pin('x.y', settings) == 0
-    other = parse({'dbtune.url': 'sqlite://', 'dbtune.pin_secret': 'x' * 16})
-    assert read_pin(sign_pin(42, other), settings) == 0
-
-
-def until(check, seconds=20):
-    deadline = time.monotonic() + seconds
-    while not check():
-        assert time.monotonic() < deadline, 'not in time'
-        time.sleep(0.02)
-
-
-def test_causal_reads_in_one_process(streaming, apps):
-    primary, standby = streaming
-    settings = {'dbtune.read_urls': standby.url, 'dbtune.pin_secret': SECRET}
-    app = apps(primary.url, [NOW, SET_RENT], settings)
+def test_a_replica_behind_at_the_last_look_is_asked_on_the_read(
+    replicated, apps
+):
+    primary, standby = replicated
+    settings = {'dbtune.read_urls': standby.url}
+    app = apps(primary.url, [NOW, SET_RENT], settings, tables=False)
     router = app.app.registry.dbtune.router
     (reader,) = router.readers
-    until(lambda: reader.position and router.caught_up(router.position()))
-    call(app, ('set_rent', {'id': 1, 'rent': 95}))
-    pin = read_pin(app.cookies[PIN_COOKIE], router.settings)
-    assert pin and not router.caught_up(pin)
-    # The client: fresh, on the writer, the standby 0.5 s behind.
+    until(lambda: covers(reader, router.position()))
+    router.lag_watch.stop()  # no more looks: only the read asks
+    call(app, ('set_rent', {'id': 1, 'rent': 97}))
+    pin = read_pin(app.cookies[PIN_COOKIE], router.pin_key)
+    until(lambda: replayed(standby.url, pin))
     reads = reader.reads
-    assert rent(call(app, ('get', {'id': 1}))) == 95
+    assert rent(call(app, ('get', {'id': 1}))) == 97
+    assert reader.reads == reads + 1 and covers(reader, pin)
+
+
+def replayed(url, position):
+    """Whether the database of ``url`` has replayed ``position`` now."""
+    engine = sa.create_engine(url, poolclass=sa.pool.NullPool)
+    try:
+        with engine.connect() as connection:
+            return position_of(connection).covers(position)
+    finally:
+        engine.dispose()
+
+
+def covers(reader, position):
+    """Whether ``reader`` has replayed ``position``, as last seen."""
+    return reader.position is not None and reader.position.covers(position)
+
+
+def test_a_pin_is_signed():
+    key = pin_key(
+        parse({'dbtune.url': 'sqlite://', 'dbtune.pin_secret': SECRET})
+    )
+    at = Position({0: 42, 3: 7})
+    assert read_pin(sign_pin(at, key), key) == at
+    assert read_pin('0-42.' + '0' * 32, key) == NO_POSITION
+    assert read_pin('x.y', key) == NO_POSITION
+    assert read_pin('0-x.y', key) == NO_POSITION
+    assert read_pin('', key) == NO_POSITION
+    for other in (
+        {'dbtune.url': 'sqlite://', 'dbtune.pin_secret': 'x' * 16},
+        {'dbtune.url': 'sqlite://'},  # drawn from the URL
+        {'dbtune.url': 'sqlite:///other'},
+    ):
+        assert (
+            read_pin(sign_pin(at, pin_key(parse(other))), key) == NO_POSITION
+        )
+
+
+def test_positions_in_every_domain():
+    old, new = gtids('0-1-5,1-2-9'), gtids('0-1-6,1-2-9')
+    assert new.covers(old) and not old.covers(new)
+    assert not gtids('0-1-7').covers(old)  # domain 1 not replayed
+    assert gtids('').covers(NO_POSITION) and not gtids('')
+    assert (gtids('0-1-7') | old) == gtids('0-1-7,1-2-9')
+    assert str(old) == '0-5_1-9' and Position.parse(str(old)) == old
+    assert repr(NO_POSITION) == 'Position()' and old != '0-5_1-9'
+
+
+def test_causal_reads_in_one_process(replicated, apps):
+    primary, standby = replicated
+    settings = {'dbtune.read_urls': standby.url}
+    app = apps(primary.url, [NOW, SET_RENT], settings, tables=False)
+    router = app.app.registry.dbtune.router
+    (reader,) = router.readers
+    until(lambda: covers(reader, router.position()))
+    call(app, ('set_rent', {'id': 1, 'rent': 95}))
+    pin = read_pin(app.cookies[PIN_COOKIE], router.pin_key)
+    assert pin and not covers(reader, pin)
+    # The client: fresh, on the writer, the replica behind (asked again
+    # on a read, at most every ASK_EVERY seconds).
+    reads = reader.reads
+    for _ in range(10):
+        assert rent(call(app, ('get', {'id': 1}))) == 95
     assert reader.reads == reads
     # Another client of this process: its read of the table written
     # waits for a reader that has replayed the commit, too.
     other = TestApp(app.app)
     assert rent(call(other, ('get', {'id': 1}))) == 95
     # Once the standby has replayed it: reads go back to it.
-    until(lambda: router.caught_up(pin))
+    until(lambda: covers(reader, pin))
     assert rent(call(app, ('get', {'id': 1}))) == 95
     assert rent(call(other, ('get', {'id': 1}))) == 95
     assert reader.reads == reads + 2
+    # A client's read while the replica it would be asked of is down: on
+    # the writer, and fresh.
+    call(app, ('set_rent', {'id': 1, 'rent': 96}))
+    standby.stop()
+    assert rent(call(app, ('get', {'id': 1}))) == 96
 
 
 def rent(answer):

@@ -86,8 +86,9 @@ def test_a_standby_behind_is_passed_over_until_it_catches_up(
 def test_without_a_bound_a_standby_behind_serves_old_rows(replicated, apps):
     # The lag is real: the same reads, unbounded, are stale.
     primary, standby = replicated
-    app = apps(primary.url, [NOW], {'dbtune.read_urls': standby.url},
-               tables=False)  # fmt: skip
+    app = apps(primary.url, [NOW], {
+        'dbtune.read_urls': standby.url, 'dbtune.causal_reads': 'false',
+    }, tables=False)  # fmt: skip
     set_rent(primary.url, 92)
     assert uncached(app) == 90
     assert app.app.registry.dbtune.router.lag_watch is None
@@ -96,6 +97,7 @@ def test_without_a_bound_a_standby_behind_serves_old_rows(replicated, apps):
 def test_a_replica_that_is_the_writer_is_not_behind(server_url, apps):
     app = apps(server_url, [NOW], {
         'dbtune.read_urls': server_url, 'dbtune.max_replica_lag': '1',
+        'dbtune.causal_reads': 'false',  # the lag alone is looked at
     })  # fmt: skip
     (reader,) = app.app.registry.dbtune.router.readers
     until(lambda: reader.lag == 0)

@@ -557,6 +557,7 @@ def test_pin_after_write_sends_the_client_to_the_writer(postgresql_url, apps):
     settings = {
         'dbtune.read_urls': postgresql_url,
         'dbtune.pin_after_write': '30',
+        'dbtune.causal_reads': 'false',  # the time pin
     }
     app = apps(postgresql_url, methods, settings)
     log = query_log(app)
@@ -882,6 +883,7 @@ def test_a_client_pinned_mid_request_reads_from_the_writer(postgresql_url):
     settings = {
         'dbtune.read_urls': postgresql_url,
         'dbtune.pin_after_write': '30',
+        'dbtune.causal_reads': 'false',  # the time pin
     }
     app = session_app(postgresql_url, view, [set_rent], settings)
     log = query_log(app)
@@ -924,7 +926,11 @@ def test_a_pinned_client_reads_read_only_from_the_writer(db_url):
         'writes': False,
     }
     methods = [CACHED_RENTS, sneaky]
-    settings = {'dbtune.read_urls': db_url, 'dbtune.pin_after_write': '30'}
+    settings = {
+        'dbtune.read_urls': db_url,
+        'dbtune.pin_after_write': '30',
+        'dbtune.causal_reads': 'false',  # the time pin
+    }
 
     def view(request):
         request.dbtune.unit.pinned = True
@@ -980,6 +986,7 @@ def test_an_orm_flush_that_changes_nothing_is_no_write(postgresql_url, apps):
     settings = {
         'dbtune.read_urls': postgresql_url,
         'dbtune.pin_after_write': '30',
+        'dbtune.causal_reads': 'false',  # the time pin
         'dbtune.server_timing': 'true',
     }
     app = session_app(postgresql_url, view, settings=settings)

@@ -106,15 +106,20 @@ TABLE = (
         'the writer (a ``dbtune_pin`` cookie), and that reads of the tables '
         'written are filled from the writer, to ride out replica lag. At most '
         'a year.')),
-    Setting('pin_secret', as_secret, None, doc=(
-        'With ``dbtune.read_urls`` on PostgreSQL: causal reads. When a '
-        "request's write commits, the writer's log position goes into the "
-        "client's ``dbtune_pin`` cookie, signed with this key (16 "
-        'characters or more, the same in every process), and that '
-        "client's later reads go to a replica that has replayed it, else "
-        'to the writer; reads of the tables written fill the cache from such '
-        'a replica only. It replaces ``pin_after_write``, which stays for '
-        'other databases.')),
+    Setting('causal_reads', as_bool, True, doc=(
+        'With ``dbtune.read_urls`` on PostgreSQL or MariaDB: when a '
+        "request's write commits, the writer's log position (its WAL "
+        "position; its GTIDs) goes into the client's ``dbtune_pin`` cookie, "
+        "signed, and that client's later reads go to a replica that has "
+        'replayed it, else to the writer; reads of the tables written fill '
+        'the cache from such a replica only. ``false``: reads may go to a '
+        'replica that has not (``pin_after_write`` pins a client to the '
+        'writer by time instead, as on other databases).')),
+    Setting('pin_secret', as_secret, None, shown="drawn from the URL", doc=(
+        'The key causal pins are signed with (16 characters or more, the '
+        'same in every process), so that no client can make one. Unset, '
+        "it is drawn from the writer's URL, password included: set it where "
+        'the URL holds no password.')),
     Setting('max_replica_lag', as_seconds, 0, doc=(
         'With ``dbtune.read_urls``: seconds a replica may be behind the '
         'writer for reads to go to it (``0``: no bound). Each process looks '

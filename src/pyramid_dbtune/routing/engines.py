@@ -6,6 +6,7 @@ writer serves for a reader that is down.
 """
 
 import functools
+import hashlib
 import itertools
 import logging
 import math
@@ -25,9 +26,22 @@ from .errors import (
     WriteSlotTimeout,
     mark_retryable,
 )
-from .lag import LagWatch, position_of
+from .lag import NO_POSITION, LagWatch, position_of
 
 log = logging.getLogger(__name__)
+
+#: Seconds between two questions to a reader, on a read, of the log
+#: position it has replayed (causal reads).
+ASK_EVERY = 0.05
+
+
+def pin_key(settings):
+    """The key causal pins are signed with: ``dbtune.pin_secret``, else
+    one drawn from the writer's URL as the settings give it, password and
+    all: every process of the site has it, and no client."""
+    secret = settings.pin_secret or f'pyramid_dbtune pins {settings.url}'
+    return hashlib.sha256(secret.encode()).digest()
+
 
 #: How a read on the writer is made read-only, and the connection made
 #: writable again after, by dialect. PostgreSQL's driver does it by an
@@ -163,8 +177,9 @@ class ReadEngine:
         #: (None: not known).
         self.lag = None
         #: With causal reads, the log position it has replayed (None: not
-        #: known).
+        #: known), and when it was last asked for it on a read.
         self.position = None
+        self.asked_at = 0.0
 
 
 class Router:
@@ -219,12 +234,15 @@ class Router:
         #: behind than ``dbtune.max_replica_lag`` (failovers count them
         #: too).
         self.behind = 0
-        #: Causal reads: pins and fills by the writer's log position.
+        #: Causal reads: pins and fills by the writer's log position, where
+        #: the database tells one (PostgreSQL; MariaDB's GTIDs).
         self.positions = (
             self.replicas
-            and self.dialect == 'postgresql'
-            and settings.pin_secret is not None
+            and settings.causal_reads
+            and self.dialect in ('postgresql', 'mysql')
         )
+        #: What causal pins are signed with.
+        self.pin_key = pin_key(settings)
         self.lag_watch = (
             LagWatch(self.readers, self.positions)
             if self.replicas and (settings.max_replica_lag or self.positions)
@@ -275,7 +293,7 @@ class Router:
 
     # Reads
 
-    def pick(self, count=True, position=0):
+    def pick(self, count=True, position=NO_POSITION):
         """The reader with the fewest reads in flight, or None if all are
         down, or further behind than ``dbtune.max_replica_lag`` (then the
         writer serves); ``count``: one more in flight. ``position``: a
@@ -290,7 +308,7 @@ class Router:
                 if (r.lag is None or r.lag <= bound)
                 and (
                     not position
-                    or (r.position is not None and r.position >= position)
+                    or (r.position is not None and r.position.covers(position))
                 )
             ]
             if len(near) < len(up) and not near:
@@ -306,7 +324,13 @@ class Router:
             return reader
 
     def read(
-        self, statement, params, max_rows, tables=(), writer=False, position=0
+        self,
+        statement,
+        params,
+        max_rows,
+        tables=(),
+        writer=False,
+        position=NO_POSITION,
     ):
         """Run a read, read-only, on a reader; on the writer when ``writer``
         is true, when ``tables`` were written within the replicas' lag
@@ -317,11 +341,11 @@ class Router:
             writer = True
         if self._written:
             with self._lock:
-                needed = [
-                    self._written.get(t, 0) for t in (*tables, ANY_TABLE)
-                ]
-            position = max(position, *needed)
+                for table in (*tables, ANY_TABLE):
+                    position |= self._written.get(table, NO_POSITION)
         reader = None if writer else self.pick(position=position)
+        if reader is None and position and not writer:
+            reader = self._replayed_now(position)
         if reader is None:
             if not writer:
                 self.failovers += 1
@@ -349,6 +373,34 @@ class Router:
         self._down(reader, failed)
         self.failovers += 1
         return self._read_on(self.writer, statement, params, max_rows)
+
+    def _replayed_now(self, position):
+        """The least busy reader up and near, if it has replayed
+        ``position`` by now (asked, at most every :data:`ASK_EVERY`
+        seconds each: it was not, when the lag watch last looked); else
+        None."""
+        reader = self.pick()
+        if reader is not None and not self._asked(reader, position):
+            with self._lock:
+                reader.in_flight -= 1
+                reader.reads -= 1
+            reader = None
+        return reader
+
+    def _asked(self, reader, position):
+        """Whether ``reader`` has replayed ``position``, asked now."""
+        now = monotonic()
+        if now - reader.asked_at < ASK_EVERY:
+            return False
+        reader.asked_at = now
+        try:
+            with reader.engine.connect() as connection:
+                seen = position_of(connection) or NO_POSITION
+        except DBAPIError:
+            return False  # a read's own failover rules will tell
+        with self._lock:
+            reader.position = seen | (reader.position or NO_POSITION)
+        return seen.covers(position)
 
     def _read_on(self, engine, statement, params, max_rows):
         """A read on the writer, made read-only for the read alone."""
@@ -414,7 +466,7 @@ class Router:
                 reader.down_until = 0.0
             log.warning('read database %s is back', reader.name)
 
-    def reader_engine(self, position=0):
+    def reader_engine(self, position=NO_POSITION):
         """An engine for a session's reads: the least busy reader that is
         up (and has replayed ``position``), or the writer."""
         reader = self.pick(count=False, position=position)
@@ -425,12 +477,13 @@ class Router:
     def caught_up(self, position):
         """Whether every reader has replayed ``position``, as last seen."""
         return all(
-            r.position is not None and r.position >= position
+            r.position is not None and r.position.covers(position)
             for r in self.readers
         )
 
     def position(self):
-        """The writer's log position now (causal reads)."""
+        """The writer's log position now (causal reads): None where it
+        tells none (MySQL, which has no MariaDB GTIDs)."""
         with self.writer.connect() as connection:
             return position_of(connection)
 
@@ -443,7 +496,9 @@ class Router:
         if position is not None:
             with self._lock:
                 for table in tables or [ANY_TABLE]:  # None: which, unknown
-                    self._written[table] = position
+                    self._written[table] = position | self._written.get(
+                        table, NO_POSITION
+                    )
             return
         if not (self.replicas and self.settings.pin_after_write):
             return

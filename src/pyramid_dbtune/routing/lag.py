@@ -6,11 +6,15 @@ A reader further behind than the setting is passed over until it catches
 up (:meth:`~pyramid_dbtune.routing.engines.Router.pick`); while every
 reader is, reads go to the writer. A reader whose lag cannot be read (it
 is down, or it answered with an error) is left to the failover rules.
+
+With causal reads the thread also reads each replica's log position
+(:class:`Position`): how far it has replayed the writer's log.
 """
 
 import logging
 import threading
 
+from ..convert import whole_number
 from ..deploy import forks
 
 log = logging.getLogger(__name__)
@@ -31,14 +35,89 @@ _LAG = {
 }
 
 
+class Position:
+    """A log position: for each replication domain, the last transaction
+    replayed or written. PostgreSQL has one domain (0), its log sequence
+    number; MariaDB has its GTID domains, each with its sequence number.
+    A position is later than another where it is in every domain of the
+    other. ``Position()`` is none: every position covers it."""
+
+    __slots__ = ('numbers',)
+
+    def __init__(self, numbers=()):
+        self.numbers = dict(numbers)
+
+    def __bool__(self):
+        return bool(self.numbers)
+
+    def __eq__(self, other):
+        return isinstance(other, Position) and self.numbers == other.numbers
+
+    def __repr__(self):
+        return f'Position({self})'
+
+    def __str__(self):
+        """The cookie's form: ``domain-number`` items, joined by ``_``."""
+        return '_'.join(f'{d}-{n}' for d, n in sorted(self.numbers.items()))
+
+    @classmethod
+    def parse(cls, text):
+        """The position :meth:`__str__` wrote, or None."""
+        numbers = {}
+        if not text:
+            return cls()
+        for item in text.split('_'):
+            domain, _, number = item.partition('-')
+            domain, number = whole_number(domain), whole_number(number)
+            if domain is None or number is None:
+                return None
+            numbers[domain] = number
+        return cls(numbers)
+
+    def covers(self, other):
+        """Whether a server at this position has replayed ``other``."""
+        mine = self.numbers
+        return all(mine.get(d, -1) >= n for d, n in other.numbers.items())
+
+    def __or__(self, other):
+        """The later of the two in each domain."""
+        numbers = dict(self.numbers)
+        for domain, number in other.numbers.items():
+            numbers[domain] = max(number, numbers.get(domain, -1))
+        return Position(numbers)
+
+
+#: No position: every position covers it.
+NO_POSITION = Position()
+
+
 def position_of(connection):
-    """The log position a PostgreSQL server has replayed (a standby) or
-    written (a primary), as a number."""
-    text = connection.exec_driver_sql(
-        'SELECT CASE WHEN pg_is_in_recovery() THEN pg_last_wal_replay_lsn() '
-        'ELSE pg_current_wal_lsn() END'
-    ).scalar()
-    return None if text is None else lsn(text)
+    """The log position (:class:`Position`) the PostgreSQL or MySQL
+    database of ``connection`` has replayed (a replica) or written (a
+    primary); None where it tells none (a standby that replays nothing
+    yet; MySQL, which has no MariaDB GTIDs)."""
+    dialect = connection.dialect
+    if dialect.name == 'postgresql':
+        text = connection.exec_driver_sql(
+            'SELECT CASE WHEN pg_is_in_recovery() THEN '
+            'pg_last_wal_replay_lsn() ELSE pg_current_wal_lsn() END'
+        ).scalar()
+        return None if text is None else Position({0: lsn(text)})
+    if dialect.is_mariadb:
+        return gtids(
+            connection.exec_driver_sql('SELECT @@gtid_current_pos').scalar()
+        )
+    return None  # pragma: no cover (MySQL's GTIDs: no MySQL server here)
+
+
+def gtids(text):
+    """MariaDB's GTID position (``0-1-42,1-2-7``) as a :class:`Position`:
+    each domain's sequence number (its server's id does not order it)."""
+    numbers = {}
+    for gtid in filter(None, text.split(',')):
+        domain, _, number = gtid.strip().split('-')
+        numbers[int(domain)] = int(number)
+    return Position(numbers)
 
 
 def lsn(text):

@@ -28,6 +28,7 @@ from .engines import fetch
 from .errors import (
     WriteSlotTimeout,
 )
+from .lag import NO_POSITION, Position
 
 log = logging.getLogger(__name__)
 
@@ -45,24 +46,22 @@ ROWS_TOLD = '/* pyramid_dbtune: the rows a write touches */ '
 PIN_FOR = 3600
 
 
-def sign_pin(position, settings):
-    """A causal pin's cookie value: the position, signed."""
-    mac = hmac.new(
-        settings.pin_secret.encode(), str(position).encode(), hashlib.sha256
-    )
+def sign_pin(position, key):
+    """A causal pin's cookie value: the position, signed with ``key``."""
+    mac = hmac.new(key, str(position).encode(), hashlib.sha256)
     return f'{position}.{mac.hexdigest()[:32]}'
 
 
-def read_pin(value, settings):
-    """The position of a causal pin's cookie value; 0 for none, or one
-    that is not signed with ``dbtune.pin_secret``."""
-    position, _, _ = value.partition('.')
-    number = whole_number(position)
-    if number is None or not hmac.compare_digest(
-        value, sign_pin(number, settings)
+def read_pin(value, key):
+    """The :class:`~pyramid_dbtune.routing.lag.Position` of a causal pin's
+    cookie value: none for no pin, or one not signed with ``key``."""
+    text, _, _ = value.partition('.')
+    position = Position.parse(text)
+    if position is None or not hmac.compare_digest(
+        value, sign_pin(position, key)
     ):
-        return 0
-    return number
+        return NO_POSITION
+    return position
 
 
 class UnitOfWork:
@@ -83,21 +82,20 @@ class UnitOfWork:
         #: True when reads must go to the writer (pinned after a write).
         self.pinned = False
         #: With causal reads, the log position the client's reads must see
-        #: (its last commit's, from its pin; 0: none).
-        self.position = 0
+        #: (its last commit's, from its pin).
+        self.position = NO_POSITION
         self.write_wait = 0.0
         self._session = self._reader = None
         self._tables = set()
         self._tags = set()
         self._all_tables = False
         self._committed_writes = False
+        pin = request.cookies.get(PIN_COOKIE, '')
         if router.positions:
-            self.position = read_pin(
-                request.cookies.get(PIN_COOKIE, ''), router.settings
-            )
-        elif router.replicas and router.settings.pin_after_write:
-            pin = whole_number(request.cookies.get(PIN_COOKIE, ''))
-            self.pinned = pin is not None and pin > time.time()
+            self.position = read_pin(pin, router.pin_key)
+        if router.replicas and router.settings.pin_after_write:
+            until = whole_number(pin)  # a time pin
+            self.pinned = until is not None and until > time.time()
 
     @classmethod
     def of(cls, request, router, cache):
@@ -306,9 +304,10 @@ class UnitOfWork:
         try:
             if committed:
                 self.cache.invalidate(None if self._all_tables else self._tags)
-                if self.router.positions:
-                    self._pin_position(self.router.position())
-                else:
+                position = self.router.positions and self.router.position()
+                if position:
+                    self._pin_position(position)
+                else:  # no causal reads: the time pin, if any
                     if not self._all_tables:
                         self.router.wrote(self._tables)
                     self._pin()
@@ -324,14 +323,14 @@ class UnitOfWork:
         self.request.add_response_callback(
             lambda request, response: response.set_cookie(
                 PIN_COOKIE,
-                sign_pin(self.position, self.router.settings),
+                sign_pin(self.position, self.router.pin_key),
                 max_age=PIN_FOR,
                 httponly=True,
                 samesite='Lax',
                 path='/',
             )
         )
-        self.position = max(self.position, position)
+        self.position |= position
 
     def _pin(self):
         seconds = self.router.settings.pin_after_write
