@@ -26,7 +26,7 @@ from pyramid_dbtune.routing.lag import (
 from pyramid_dbtune.routing.work import PIN_COOKIE, read_pin, sign_pin
 from pyramid_dbtune.settings import parse
 
-from conftest import GET, SET_RENT, call, until
+from conftest import GET, SET_RENT, call, shared_settings, until
 
 STANDBY_OPTIONS = ['recovery_min_apply_delay=500ms']
 #: MariaDB's delay is in whole seconds.
@@ -133,6 +133,24 @@ def test_reads_without_a_newer_pin_go_to_the_standby(servers):
     assert on_standby / (on_standby + roles['writer']['reads']) >= 0.9
 
 
+def test_a_pin_is_not_served_rows_read_before_it(servers, memcached):
+    # Two processes share memcached; the write is in the first. The
+    # second, which has not heard of it, fills the cache from the replica
+    # before it replays the write: rows read at a position before the pin.
+    writer, filler = servers((GET, SET_RENT), **shared_settings(memcached))
+    _, pin = writer.call('set_rent', {'id': 1, 'rent': 95})
+    answer, _ = filler.call('get', {'id': 1})
+    assert answer['results'][0]['rows'][0][2] == 90
+    time.sleep(REPLICA_DELAY + 1)  # every replica has replayed it now
+    # The entry is there for a client without a pin; the client that
+    # wrote does not get it.
+    answer, _ = filler.call('get', {'id': 1})
+    assert answer['results'][0]['rows'][0][2] == 90
+    assert answer['cache']['hit'] == 1
+    answer, _ = filler.call('get', {'id': 1}, pin)
+    assert answer['results'][0]['rows'][0][2] == 95
+
+
 def test_a_replica_behind_at_the_last_look_is_asked_on_the_read(
     replicated, apps
 ):
@@ -149,6 +167,26 @@ def test_a_replica_behind_at_the_last_look_is_asked_on_the_read(
     reads = reader.reads
     assert rent(call(app, ('get', {'id': 1}))) == 97
     assert reader.reads == reads + 1 and covers(reader, pin)
+
+
+def test_a_pinned_client_is_not_served_rows_read_before_its_pin(
+    replicated, apps
+):
+    primary, standby = replicated
+    settings = {'dbtune.read_urls': standby.url}
+    app = apps(primary.url, [GET, SET_RENT], settings, tables=False)
+    router = app.app.registry.dbtune.router
+    (reader,) = router.readers
+    until(lambda: covers(reader, router.position()))
+    # Cached for everyone, read at the replica's position now.
+    other = TestApp(app.app)
+    assert call(other, ('get', {'id': 2}))['cache']['miss'] == 1
+    # A write of another row keeps it; the writer's pin is later.
+    call(app, ('set_rent', {'id': 1, 'rent': 98}))
+    assert call(other, ('get', {'id': 2}))['cache']['hit'] == 1
+    answer = call(app, ('get', {'id': 2}))
+    assert answer['cache']['hit'] == 0 and answer['cache']['uncached'] == 1
+    assert answer['results'][0]['rows'][0][2] == 120
 
 
 def replayed(url, position):

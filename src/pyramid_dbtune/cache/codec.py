@@ -11,6 +11,7 @@ import decimal
 import json
 import uuid
 
+from ..routing.lag import Position
 from ..sql.rows import Rows
 
 
@@ -75,6 +76,7 @@ def encode(rows, generations, expires):
             'c': rows.columns,
             'r': [[_cell(v) for v in row] for row in rows.tuples()],
             't': rows.truncated,
+            'p': None if rows.position is None else str(rows.position),
             'g': sorted(generations.items()),
             'e': expires,
         },
@@ -88,7 +90,17 @@ def decode(payload):
     """``(rows, generations, expires)`` from a verified payload."""
     data = json.loads(payload, object_hook=_untag)
     return (
-        Rows(data['c'], data['r'], truncated=data['t']),
+        Rows(
+            data['c'],
+            data['r'],
+            truncated=data['t'],
+            position=_position(data.get('p')),
+        ),
         dict(data['g']),
         data['e'],
     )
+
+
+def _position(text):
+    """The position rows were read at, as :func:`encode` wrote it."""
+    return None if text is None else Position.parse(text)

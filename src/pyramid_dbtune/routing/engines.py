@@ -57,8 +57,9 @@ FIRST_BACKOFF = 1.0
 MAX_BACKOFF = 60.0
 
 
-def fetch(result, max_rows):
-    """Read a SQLAlchemy result into :class:`Rows`, keeping ``max_rows``."""
+def fetch(result, max_rows, position=None):
+    """Read a SQLAlchemy result into :class:`Rows`, keeping ``max_rows``;
+    ``position``: the replica's log position it was read at, at least."""
     if not result.returns_rows:
         return Rows(rowcount=result.rowcount)
     columns = tuple(result.keys())
@@ -70,7 +71,7 @@ def fetch(result, max_rows):
         result.close()
     else:
         data = result.fetchall()
-    return Rows(columns, data, truncated=truncated)
+    return Rows(columns, data, truncated=truncated, position=position)
 
 
 #: How each driver is told to give up connecting, by its name, and how
@@ -350,6 +351,9 @@ class Router:
             if not writer:
                 self.failovers += 1
             return self._read_on(self.writer, statement, params, max_rows)
+        # With causal reads, the rows are stamped with where the reader
+        # was, at least, before they were read.
+        read_at = (reader.position or NO_POSITION) if self.positions else None
         try:
             try:
                 connection = reader.engine.connect()
@@ -358,7 +362,7 @@ class Router:
             else:
                 try:
                     rows = self._read_with(
-                        connection, statement, params, max_rows
+                        connection, statement, params, max_rows, read_at
                     )
                 except DBAPIError as exc:
                     if not exc.connection_invalidated:
@@ -416,10 +420,12 @@ class Router:
                 if self._writable:
                     connection.exec_driver_sql(self._writable)
 
-    def _read_with(self, connection, statement, params, max_rows):
+    def _read_with(self, connection, statement, params, max_rows, read_at):
         """A read on a reader's connection (read-only already)."""
         with connection:
-            return fetch(connection.execute(statement, params), max_rows)
+            return fetch(
+                connection.execute(statement, params), max_rows, read_at
+            )
 
     def _reader_error(self, reader, context):
         """``handle_error`` on a reader: one that cannot be reached is
@@ -473,13 +479,6 @@ class Router:
         return self.writer if reader is None else reader.engine
 
     # Replica lag
-
-    def caught_up(self, position):
-        """Whether every reader has replayed ``position``, as last seen."""
-        return all(
-            r.position is not None and r.position.covers(position)
-            for r in self.readers
-        )
 
     def position(self):
         """The writer's log position now (causal reads): None where it

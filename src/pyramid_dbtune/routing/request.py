@@ -121,10 +121,7 @@ class BoundSQLMethod:
         if method.writes or unit.dirty:
             context.cache['uncached'] += 1
             return context.execute(method, params)
-        # A client whose last commit a reader has yet to replay reads past
-        # the cache, which other processes may have filled from that reader.
-        waits = unit.position and not unit.router.caught_up(unit.position)
-        if not self.cache_time or unit.pinned or waits:
+        if not self.cache_time or unit.pinned:
             context.cache['uncached'] += 1
             return context.read(method, params)
         values = method.values(params)
@@ -149,6 +146,16 @@ class BoundSQLMethod:
             method,
             params,
         )
+        # Causal reads: rows read from a replica that had not replayed the
+        # client's last commit are not the client's (this process, or
+        # another, filled them).
+        if (
+            unit.position
+            and rows.position is not None
+            and not rows.position.covers(unit.position)
+        ):
+            context.cache['uncached'] += 1
+            return context.read(method, params)
         context.cache[status] += 1
         return rows
 

@@ -129,11 +129,17 @@ class Rows(Sequence):
     had more rows than the method's ``max_rows`` and only the first
     ``max_rows`` were kept (as ZSQL Methods did); ``rowcount`` is what the
     database reported for a write (``-1`` when it reported nothing).
+    ``position``, with causal reads, is the log position of the replica
+    they were read from, or an earlier one (None: read from the writer):
+    a client whose pin is later does not get them from the cache.
     """
 
-    __slots__ = ('columns', 'truncated', 'rowcount', '_records')
+    __slots__ = ('columns', 'truncated', 'rowcount', 'position', '_records')
 
-    def __init__(self, columns=(), data=(), *, truncated=False, rowcount=-1):
+    def __init__(
+        self, columns=(), data=(), *, truncated=False, rowcount=-1,
+        position=None,
+    ):  # fmt: skip
         columns = tuple(columns)
         index = _index(columns)
         record = _record_class(columns, index)
@@ -142,6 +148,7 @@ class Rows(Sequence):
             ('columns', columns),
             ('truncated', bool(truncated)),
             ('rowcount', rowcount),
+            ('position', position),
             ('_records', records),
         ):
             object.__setattr__(self, name, value)
