@@ -4,11 +4,13 @@ loopback ports, their replay held back 2 s to make lag real;
 ``dbtune.max_replica_lag`` passes over a replica that far behind, and
 gives it its reads again once it catches up."""
 
+import threading
 import time
 
 import pytest
 import sqlalchemy as sa
 from pyramid.exceptions import ConfigurationError
+from webtest import TestApp
 
 from pyramid_dbtune.ops.metrics import database_figures
 from pyramid_dbtune.routing.lag import EVERY
@@ -81,6 +83,44 @@ def test_a_standby_behind_is_passed_over_until_it_catches_up(
         return reader.reads > reads and router.failovers == failovers
 
     until(on_the_reader)
+
+
+def test_a_replica_stopped_and_started_under_load_fails_no_read(
+    replicated, apps
+):
+    primary, standby = replicated
+    settings = {'dbtune.read_urls': standby.url, 'dbtune.max_replica_lag': '1'}
+    app = apps(primary.url, [NOW], settings, tables=False)
+    router = app.app.registry.dbtune.router
+    (reader,) = router.readers
+    until(lambda: reader.lag == 0)
+    failures, stopping = [], threading.Event()
+
+    def load():
+        client = TestApp(app.app)
+        while not stopping.is_set():
+            try:
+                assert uncached(client) == 90
+            except Exception as exc:  # noqa: BLE001 (counted, then shown)
+                failures.append(exc)
+
+    threads = [threading.Thread(target=load) for _ in range(4)]
+    for thread in threads:
+        thread.start()
+    try:
+        until(lambda: reader.reads > 20)
+        standby.stop()
+        until(lambda: router.failovers > 20)
+        standby.start()
+        # Back and near: its reads return to it.
+        until(lambda: reader.lag == 0 and not reader.backoff)
+        reads, failovers = reader.reads, router.failovers
+        until(lambda: reader.reads > reads + 20)
+    finally:
+        stopping.set()
+        for thread in threads:
+            thread.join(30)
+    assert failures == [] and router.failovers == failovers
 
 
 def test_without_a_bound_a_standby_behind_serves_old_rows(replicated, apps):
