@@ -234,37 +234,5 @@ def test_positions_in_every_domain():
     assert repr(NO_POSITION) == 'Position()' and old != '0-5_1-9'
 
 
-def test_causal_reads_in_one_process(replicated, apps):
-    primary, standby = replicated
-    settings = {'dbtune.read_urls': standby.url}
-    app = apps(primary.url, [NOW, SET_RENT], settings, tables=False)
-    router = app.app.registry.dbtune.router
-    (reader,) = router.readers
-    until(lambda: covers(reader, router.position()))
-    call(app, ('set_rent', {'id': 1, 'rent': 95}))
-    pin = read_pin(app.cookies[PIN_COOKIE], router.pin_key)
-    assert pin and not covers(reader, pin)
-    # The client: fresh, on the writer, the replica behind (asked again
-    # on a read, at most every ASK_EVERY seconds).
-    reads = reader.reads
-    for _ in range(10):
-        assert rent(call(app, ('get', {'id': 1}))) == 95
-    assert reader.reads == reads
-    # Another client of this process: its read of the table written
-    # waits for a reader that has replayed the commit, too.
-    other = TestApp(app.app)
-    assert rent(call(other, ('get', {'id': 1}))) == 95
-    # Once the standby has replayed it: reads go back to it.
-    until(lambda: covers(reader, pin))
-    assert rent(call(app, ('get', {'id': 1}))) == 95
-    assert rent(call(other, ('get', {'id': 1}))) == 95
-    assert reader.reads == reads + 2
-    # A client's read while the replica it would be asked of is down: on
-    # the writer, and fresh.
-    call(app, ('set_rent', {'id': 1, 'rent': 96}))
-    standby.stop()
-    assert rent(call(app, ('get', {'id': 1}))) == 96
-
-
 def rent(answer):
     return answer['results'][0]['rows'][0][2]

@@ -30,10 +30,6 @@ from .lag import NO_POSITION, LagWatch, position_of
 
 log = logging.getLogger(__name__)
 
-#: Seconds between two questions to a reader, on a read, of the log
-#: position it has replayed (causal reads).
-ASK_EVERY = 0.05
-
 
 def pin_key(settings):
     """The key causal pins are signed with: ``dbtune.pin_secret``, else
@@ -178,9 +174,8 @@ class ReadEngine:
         #: (None: not known).
         self.lag = None
         #: With causal reads, the log position it has replayed (None: not
-        #: known), and when it was last asked for it on a read.
+        #: known).
         self.position = None
-        self.asked_at = 0.0
 
 
 class Router:
@@ -332,15 +327,17 @@ class Router:
         tables=(),
         writer=False,
         position=NO_POSITION,
+        fill=False,
     ):
         """Run a read, read-only, on a reader; on the writer when ``writer``
         is true, when ``tables`` were written within the replicas' lag
         window, or when no reader is up. With causal reads, on a reader
-        that has replayed ``position`` and the last commit that wrote
-        ``tables``."""
+        that has replayed ``position``, and for a cache ``fill`` the last
+        commit of this process that wrote ``tables`` (the cache is
+        everyone's)."""
         if not writer and self._recently_written(tables):
             writer = True
-        if self._written:
+        if fill and self._written:
             with self._lock:
                 for table in (*tables, ANY_TABLE):
                     position |= self._written.get(table, NO_POSITION)
@@ -380,9 +377,9 @@ class Router:
 
     def _replayed_now(self, position):
         """The least busy reader up and near, if it has replayed
-        ``position`` by now (asked, at most every :data:`ASK_EVERY`
-        seconds each: it was not, when the lag watch last looked); else
-        None."""
+        ``position`` by now (asked: it had not when last seen); else
+        None. One short query on a replica, for a read that the writer
+        would serve else."""
         reader = self.pick()
         if reader is not None and not self._asked(reader, position):
             with self._lock:
@@ -393,10 +390,6 @@ class Router:
 
     def _asked(self, reader, position):
         """Whether ``reader`` has replayed ``position``, asked now."""
-        now = monotonic()
-        if now - reader.asked_at < ASK_EVERY:
-            return False
-        reader.asked_at = now
         try:
             with reader.engine.connect() as connection:
                 seen = position_of(connection) or NO_POSITION

@@ -39,8 +39,8 @@ class RequestContext:
         self.db_seconds = 0.0
         self.write_seconds = 0.0
 
-    def read(self, method, params):
-        """Run a read on a reader (a cache fill, or uncached)."""
+    def read(self, method, params, fill=False):
+        """Run a read on a reader: uncached, or a cache ``fill``."""
         statement, params = method.bind(params)
         start = perf_counter()
         try:
@@ -51,6 +51,7 @@ class RequestContext:
                 method.tables,
                 writer=self.unit.pinned,
                 position=self.unit.position,
+                fill=fill,
             )
         except DBAPIError as exc:
             if is_read_only_refusal(exc.orig):
@@ -145,6 +146,7 @@ class BoundSQLMethod:
             context.read,
             method,
             params,
+            True,
         )
         # Causal reads: rows read from a replica that had not replayed the
         # client's last commit are not the client's (this process, or
