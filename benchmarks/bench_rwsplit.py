@@ -13,13 +13,25 @@ It prints each wall time and its ratio to the single read. The project's
 aims: parallel reads take at most 1.3x one read; the shared connection
 about 8x; writes, serialised by the write slot, about 8x.
 
+Then **a real standby**: a PostgreSQL primary and its streaming standby,
+started for the run on free loopback ports (``tests/servers.py``), behind
+an app with ``dbtune.read_urls`` and causal reads (the default). 8
+clients, each with its own cookies, read for ``--standby-seconds`` (3);
+one read in ten follows a write of the client's own, which its next read
+must show; the standby replays at once, then 100 ms late. It prints the
+share of reads each server served, the standby's lag as the app saw it,
+and the reads that did not show their client's write (the aim: 0).
+
     .venv/bin/python benchmarks/bench_rwsplit.py [--quick]
 """
 
 import argparse
+import random
+import statistics
 import sys
 import threading
 import time
+from pathlib import Path
 
 import sqlalchemy as sa
 from pyramid.config import Configurator
@@ -27,6 +39,9 @@ from pyramid.response import Response
 from webtest import TestApp
 
 from common import POSTGRESQL_URL, postgresql_scratch
+
+sys.path.insert(0, str(Path(__file__).parents[1] / 'tests'))
+from servers import PostgreSQL  # noqa: E402
 
 CONCURRENCY = 8
 
@@ -113,6 +128,7 @@ def main(argv=None):
     parser.add_argument(
         '--quick', action='store_true', help='0.02 s statements, one round'
     )
+    parser.add_argument('--standby-seconds', type=float, default=3.0)
     args = parser.parse_args(argv)
     seconds, rounds = (0.02, 1) if args.quick else (args.seconds, 3)
     try:
@@ -142,7 +158,164 @@ def main(argv=None):
         shared.dispose()
         drop()
     report(results, seconds)
+    print()
+    report_standby(on_a_standby(0.5 if args.quick else args.standby_seconds))
     return 0
+
+
+#: The standby's replay delays of the run: none, and a late one.
+DELAYS = ('0', '100ms')
+
+
+def on_a_standby(seconds):
+    """Clients reading, and now and then writing, through an app whose
+    reads go to a real streaming standby, replaying at once and then
+    late: the figures of each."""
+    primary = PostgreSQL()
+    standby = None
+    try:
+        engine = sa.create_engine(primary.url)
+        with engine.begin() as connection:
+            connection.exec_driver_sql(
+                'CREATE TABLE counter (id INTEGER PRIMARY KEY, n INTEGER)'
+            )
+            connection.exec_driver_sql(
+                'INSERT INTO counter SELECT i, 0 FROM generate_series(1, '
+                f'{CONCURRENCY}) i'
+            )
+        engine.dispose()
+        standby = PostgreSQL(standby_of=primary)
+        figures = {}
+        for delay in DELAYS:
+            standby.stop()
+            standby.options = [f'recovery_min_apply_delay={delay}']
+            standby.start()
+            figures[delay] = _run(primary, standby, seconds)
+        return figures
+    finally:
+        if standby is not None:
+            standby.remove()
+        primary.remove()
+
+
+def _run(primary, standby, seconds):
+    config = Configurator(
+        settings={
+            'dbtune.url': primary.url,
+            'dbtune.read_urls': standby.url,
+            'dbtune.max_replica_lag': '1',
+        }
+    )
+    config.include('pyramid_dbtune')
+    config.add_sql_method('n', 'SELECT n FROM counter WHERE id = :id')
+    config.add_sql_method(
+        'bump', 'UPDATE counter SET n = n + 1 WHERE id = :id'
+    )
+
+    def read(request):
+        (row,) = request.sql.n(id=int(request.params['id']))
+        return Response(str(row.n))
+
+    def write(request):
+        request.sql.bump(id=int(request.params['id']))
+        return Response('written')
+
+    for name, view in (('read', read), ('write', write)):
+        config.add_route(name, f'/{name}')
+        config.add_view(view, route_name=name)
+    wsgi = config.make_wsgi_app()
+    router = wsgi.registry.dbtune.router
+    (reader,) = router.readers
+    deadline = time.monotonic() + 30
+    while reader.position is None or reader.lag is None:
+        if time.monotonic() > deadline:
+            raise RuntimeError('the standby did not come up')
+        time.sleep(0.05)
+    try:
+        return _load(wsgi, router, reader, seconds)
+    finally:
+        router.dispose()
+
+
+def _load(wsgi, router, reader, seconds):
+    stopping = threading.Event()
+    counts = {'reads': 0, 'after_write': 0, 'stale': 0}
+    lags = []
+    errors = []
+    lock = threading.Lock()
+
+    def client(id):
+        app = TestApp(wsgi)  # its own cookies: its own pin
+        rng = random.Random(id)
+        written = 0
+        try:
+            while not stopping.is_set():
+                wrote = rng.random() < 0.1
+                if wrote:
+                    app.post(f'/write?id={id}')
+                    written += 1
+                seen = int(app.get(f'/read?id={id}').text)
+                with lock:
+                    counts['reads'] += 1
+                    counts['after_write'] += wrote
+                    counts['stale'] += seen < written
+        except Exception as exc:  # reported below
+            errors.append(exc)
+
+    threads = [
+        threading.Thread(target=client, args=(i + 1,))
+        for i in range(CONCURRENCY)
+    ]
+    before = (reader.reads, router.writer_reads)
+    for thread in threads:
+        thread.start()
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        if reader.lag is not None:
+            lags.append(reader.lag)
+        time.sleep(0.01)
+    stopping.set()
+    for thread in threads:
+        thread.join()
+    if errors:
+        raise errors[0]
+    on_standby = reader.reads - before[0]
+    on_writer = router.writer_reads - before[1]
+    return {
+        **counts,
+        'on_standby': on_standby,
+        'on_writer': on_writer,
+        'lag_median': statistics.median(lags),
+        'lag_max': max(lags),
+    }
+
+
+def report_standby(figures):
+    print(
+        f'A real standby: {CONCURRENCY} clients read; one read in ten '
+        'follows a write of its own client, which it must show'
+    )
+    print(
+        f'{"standby replays":16} {"reads":>6} {"after a write":>14} '
+        f'{"on standby":>11} {"on writer":>10} {"lag median":>11} '
+        f'{"lag max":>8} {"stale":>6}'
+    )
+    stale = 0
+    for delay, run in figures.items():
+        served = run['on_standby'] + run['on_writer']
+        late = 'at once' if delay == '0' else f'{delay} late'
+        print(
+            f'{late:16} {run["reads"]:6} {run["after_write"]:14} '
+            f'{run["on_standby"] / served:11.0%} '
+            f'{run["on_writer"] / served:10.0%} '
+            f'{run["lag_median"] * 1000:9.1f}ms '
+            f'{run["lag_max"] * 1000:6.1f}ms {run["stale"]:6}'
+        )
+        stale += run['stale']
+    print(
+        f"\nreads that did not show their client's write: {stale} (target "
+        f'0: {"met" if stale == 0 else "NOT met"})'
+    )
 
 
 def report(results, seconds):

@@ -56,6 +56,8 @@ def test_bench_rwsplit():
     out = run('bench_rwsplit.py')
     assert 'parallel reads = ' in out
     assert '8 reads, one shared connection' in out
+    # A real standby: no read misses its client's write (not a time).
+    assert "reads that did not show their client's write: 0 " in out
 
 
 def test_bench_memcached():
