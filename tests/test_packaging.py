@@ -25,7 +25,8 @@ def build(project, into):
     [
         (ROOT, ['pyramid_dbtune/ops/templates/dashboard.html',
                 'pyramid_dbtune/configure.zcml',
-                'pyramid_dbtune/meta.zcml']),
+                'pyramid_dbtune/meta.zcml',
+                'pyramid_dbtune/zope/configure.zcml']),
         (ROOT / 'examples/accommodation',
          ['accommodation/sql/search_properties.sql']),
     ],

@@ -1,0 +1,22 @@
+"""The Zope side: a database connection that a Zope site's ZSQL Methods
+use by ``connection_id``, unchanged, on the package's cache, read pool
+and write slots (``<include package="pyramid_dbtune.zope" />``)."""
+
+from .connection import (
+    DBTuneConnection,
+    add_form,
+    database,
+    manage_addDBTuneConnection,
+)
+
+
+def initialize(context):
+    """Zope's product registration, as Zope starts: the settings checked
+    (a bad one stops Zope, as it would stop Pyramid), and the connection
+    in the ZMI's add list."""
+    database()
+    context.registerClass(
+        DBTuneConnection,
+        permission='Add Z Database Connections',
+        constructors=(add_form, manage_addDBTuneConnection),
+    )

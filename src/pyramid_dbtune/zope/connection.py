@@ -1,0 +1,259 @@
+"""The database connection object of a Zope site (a Zope database
+adapter), and the database its ZSQL Methods' calls run on.
+
+A ZSQL Method calls its connection object by ``connection_id`` and gets
+a database whose ``query()`` runs the SQL it rendered. Here that runs
+through the package: a read on the read pool (or a replica), cached in
+the package's cache under the method's own cache time; a write on the
+writer, in a write slot, in a session joined to Zope's ``transaction``,
+whose commit drops the cached reads of the tables it wrote.
+"""
+
+import datetime
+import decimal
+import threading
+
+import sqlalchemy as sa
+import transaction
+from AccessControl.class_init import InitializeClass
+from App.config import getConfiguration
+from pyramid.exceptions import ConfigurationError
+from Shared.DC.ZRDB import DA
+from Shared.DC.ZRDB.Connection import Connection
+from sqlalchemy.orm import Session
+from zope.sqlalchemy import mark_changed, register
+
+from ..registry import DBTune
+from ..routing.engines import fetch
+from ..settings import parse
+from ..sql.analysis import analyse
+
+#: The ``<product-config>`` section of ``zope.conf`` that holds the
+#: ``dbtune.*`` settings.
+PRODUCT = 'pyramid_dbtune'
+
+_made = threading.Lock()
+_database = None
+
+
+def database():
+    """The process's :class:`Database`, made at first use from
+    ``<product-config pyramid_dbtune>``."""
+    global _database
+    with _made:
+        if _database is None:
+            _database = Database(DBTune(settings()))
+        return _database
+
+
+def settings():
+    """The parsed ``dbtune.*`` settings of ``zope.conf``; a bad one raises
+    :class:`pyramid.exceptions.ConfigurationError`, as in Pyramid."""
+    sections = getattr(getConfiguration(), 'product_config', None) or {}
+    parsed = parse(sections.get(PRODUCT, {}))
+    if parsed.url is None:
+        raise ConfigurationError(
+            'pyramid_dbtune.zope needs a database: set dbtune.url in '
+            "zope.conf's <product-config pyramid_dbtune> section"
+        )
+    return parsed
+
+
+class Database:
+    """What a :class:`DBTuneConnection` gives the ZSQL Methods that call
+    it: ``query()``, as every Zope database adapter's."""
+
+    def __init__(self, dbtune):
+        self.dbtune = dbtune
+
+    def query(self, query_string, max_rows=None, query_data=None):
+        """Run the statements of ``query_string`` (separated by ``\\0``);
+        the ``(columns, rows)`` of the last, uncached."""
+        answer = ((), [])
+        for sql in _statements(query_string):
+            answer = self._run(sql, max_rows)
+        return answer
+
+    def cached_query(self, query_string, max_rows, cache_time, name):
+        """:meth:`query`, a read's rows kept ``cache_time`` seconds in the
+        package's cache (the cache time of the ZSQL Method ``name``)."""
+        statements = _statements(query_string)
+        if len(statements) != 1 or self._work(make=False) is not None:
+            return self.query(query_string, max_rows)
+        (sql,) = statements
+        writes, tables = analyse(sql)
+        if writes:
+            return self.query(query_string, max_rows)
+        # As the package's own SQL methods' keys: the name first (the
+        # stats count what writes dropped by it), the values, their types.
+        values = (self.dbtune.router.key, sql, max_rows or 0)
+        key = (f'zsql {name}', values, (str, str, int))
+        rows, _ = self.dbtune.cache.get_or_fill(
+            key, cache_time, tables, self._read, sql, max_rows, tables, True
+        )
+        return _answer(rows)
+
+    def _run(self, sql, max_rows):
+        writes, tables = analyse(sql)
+        work = self._work(make=writes)
+        if work is None:
+            return _answer(self._read(sql, max_rows, tables))
+        if writes:
+            work.wrote(tables)
+        result = work.session.connection().execute(_text(sql))
+        rows = fetch(result, max_rows)
+        if writes:
+            mark_changed(work.session)
+        return _answer(rows)
+
+    def _read(self, sql, max_rows, tables, fill=False):
+        return self.dbtune.router.read(
+            _text(sql), {}, max_rows, tables, fill=fill
+        )
+
+    def _work(self, make):
+        """The writing side of Zope's current transaction: made at its
+        first write (``make``), then None until it ends."""
+        txn = transaction.get()
+        try:
+            return txn.data(self)
+        except KeyError:
+            if not make:
+                return None
+        work = _Work(self.dbtune)
+        txn.set_data(self, work)
+        txn.addAfterCommitHook(work.ended)
+        txn.addAfterAbortHook(work.ended, (False,))
+        return work
+
+
+class _Work:
+    """A transaction's writes: its write slot, its session on the writer,
+    the tables it wrote."""
+
+    def __init__(self, dbtune):
+        self.dbtune = dbtune
+        self.tables = frozenset()
+        router = dbtune.router
+        router.acquire_write_slot()
+        self.holds_slot = True
+        self.session = Session(bind=router.writer)
+        register(self.session)
+
+    def wrote(self, tables):
+        """Note a write of ``tables`` (None: which, it cannot tell)."""
+        known = tables is not None and self.tables is not None
+        self.tables = self.tables | tables if known else None
+
+    def ended(self, committed):
+        """After the commit (or abort): drop what a commit changed, and
+        give the write slot back, once (a commit that fails is aborted
+        too)."""
+        try:
+            if committed:
+                self.dbtune.cache.invalidate(self.tables)
+                # Causal reads: this process's fills of the tables wait
+                # for a replica that has replayed the commit.
+                router = self.dbtune.router
+                position = router.positions and router.position()
+                if position:
+                    router.wrote(self.tables, position)
+        finally:
+            if self.holds_slot:
+                self.holds_slot = False
+                self.dbtune.router.write_slots.release()
+
+
+def _statements(query_string):
+    return [s for s in query_string.split('\0') if s.strip()]
+
+
+def _text(sql):
+    """``sql`` as SQLAlchemy runs it: a colon is not a parameter (the
+    ZSQL Method put its values in the text)."""
+    return sa.text(sql.replace(':', '\\:'))
+
+
+#: Zope's type letters for a column, by the type of its first value.
+_TYPES = (
+    (bool, 'i'),
+    (int, 'i'),
+    ((float, decimal.Decimal), 'n'),
+    ((datetime.date, datetime.datetime), 'd'),
+)
+
+
+def _answer(rows):
+    """:class:`~pyramid_dbtune.sql.rows.Rows` as Zope's database adapters
+    answer: column descriptions, and the rows as lists."""
+    data = [list(row) for row in rows.tuples()]
+    items = []
+    for i, name in enumerate(rows.columns):
+        first = next((r[i] for r in data if r[i] is not None), None)
+        kind = next((k for t, k in _TYPES if isinstance(first, t)), 's')
+        items.append({'name': name, 'type': kind, 'width': 0, 'null': 1})
+    return items, data
+
+
+class DBTuneConnection(Connection):
+    """A Zope database connection on pyramid_dbtune: its settings come
+    from ``zope.conf`` (``<product-config pyramid_dbtune>``), the same in
+    every connection object of the process."""
+
+    meta_type = 'pyramid_dbtune Database Connection'
+    zmi_icon = 'fas fa-database'
+    connect_on_load = False
+
+    def __init__(self, id, title=''):
+        self.id = str(id)
+        self.title = title
+        self.connection_string = ''
+
+    def __call__(self, v=None):
+        return database()
+
+    def connect(self, s):
+        return self
+
+    def connected(self):
+        return 'the settings of zope.conf'
+
+
+InitializeClass(DBTuneConnection)
+
+
+def add_form(self, REQUEST=None):
+    """The ZMI's form to add a pyramid_dbtune connection."""
+    return (
+        '<html><body><h2>Add a pyramid_dbtune database connection</h2>'
+        '<form action="manage_addDBTuneConnection" method="post">'
+        '<p>Id <input name="id"></p><p>Title <input name="title"></p>'
+        '<p><input type="submit" value="Add"></p></form></body></html>'
+    )
+
+
+def manage_addDBTuneConnection(self, id, title='', REQUEST=None):
+    """Add a pyramid_dbtune database connection."""
+    self._setObject(id, DBTuneConnection(id, title))
+    if REQUEST is not None:
+        return self.manage_main(self, REQUEST)
+
+
+# ZSQL Methods keep the rows of a method with a cache time in a dict of
+# their own, per thread, that no write drops; that dict is the one thing
+# a database adapter cannot turn off. For the methods on a
+# DBTuneConnection, their cache is the package's: ``_cached_result``
+# hands their reads to Database.cached_query with the method's cache
+# time. Every other connection's methods keep their own.
+_zsql_cached_result = DA.DA._cached_result
+
+
+def _cached_result(self, DB__, query, max_rows, conn_id):
+    if isinstance(DB__, Database):
+        return DB__.cached_query(
+            query, max_rows, self.cache_time_, self.getId()
+        )
+    return _zsql_cached_result(self, DB__, query, max_rows, conn_id)
+
+
+DA.DA._cached_result = _cached_result

@@ -1,0 +1,339 @@
+"""pyramid_dbtune inside a real Zope site: a Zope 6 instance the test
+makes (``mkwsgiinstance``, a ZODB of its own), served by ``runwsgi`` in a
+process of its own, whose ZSQL Methods, added through Zope's own API,
+use the package's connection by ``connection_id``.
+
+The database is a PostgreSQL server of the test's own, with
+``pg_stat_statements``: its own count of the statements run, by role,
+tells what was served from the cache and what ran on the reader (a role
+of its own) or the writer."""
+
+import base64
+import os
+import signal
+import subprocess
+import sys
+import urllib.error
+import urllib.parse
+import urllib.request
+from pathlib import Path
+
+import coverage
+import pytest
+import sqlalchemy as sa
+
+from servers import PostgreSQL, free_port
+
+from conftest import create_tables, own, shared_settings, until
+
+BIN = Path(sys.executable).parent
+ROOT = Path(__file__).parents[1]
+SETUP = Path(__file__).parent / 'zope_setup.py'
+AUTH = 'Basic ' + base64.b64encode(b'admin:admin').decode()
+
+
+def command(script, *args):
+    """Run one of the environment's scripts: under coverage where the
+    test is measured, so that what runs in Zope counts too."""
+    if coverage.Coverage.current() is None:
+        return [str(BIN / script), *args]
+    rcfile = f'--rcfile={ROOT / "pyproject.toml"}'
+    return [sys.executable, '-m', 'coverage', 'run', '-p', rcfile,
+            str(BIN / script), *args]  # fmt: skip
+
+
+class ZopeSite:
+    """A Zope instance in ``directory``, with pyramid_dbtune's ``settings``
+    in its ``zope.conf``, and :data:`SETUP`'s content."""
+
+    def __init__(self, directory, settings, fast_paths=None):
+        self.dir = directory
+        self.url = settings.get('dbtune.url', '')
+        subprocess.run(
+            [str(BIN / 'mkwsgiinstance'), '-d', str(directory),
+             '-u', 'admin:admin'],
+            check=True, capture_output=True,
+        )  # fmt: skip
+        etc = directory / 'etc'
+        (etc / 'package-includes').mkdir()
+        (
+            etc / 'package-includes' / 'pyramid_dbtune-configure.zcml'
+        ).write_text('<include package="pyramid_dbtune.zope" />\n')
+        lines = ''.join(f'  {k} {v}\n' for k, v in settings.items())
+        with open(etc / 'zope.conf', 'a') as conf:
+            conf.write(f'\n<product-config pyramid_dbtune>\n{lines}'
+                       '</product-config>\n')  # fmt: skip
+        self.port = free_port()
+        ini = etc / 'zope.ini'
+        text = ini.read_text().replace('port = 8080', f'port = {self.port}')
+        if fast_paths:  # the filter first in Zope's own pipeline
+            head = 'pipeline =\n    egg:Zope#httpexceptions\n'
+            assert head in text
+            text = text.replace(head, head + '    fastpath\n') + (
+                '\n[filter:fastpath]\nuse = egg:pyramid_dbtune#fastpath\n'
+                f'paths = {fast_paths}\n'
+            )
+        ini.write_text(text)
+        self.process = None
+
+    def setup(self):
+        """Run :data:`SETUP` in the site; how it ended."""
+        etc = self.dir / 'etc'
+        return subprocess.run(
+            command('zconsole', 'run', str(etc / 'zope.conf'), str(SETUP)),
+            cwd=ROOT, capture_output=True, text=True,
+            env={**os.environ, 'DBTUNE_ZOPE_OTHER_URL': self.url},
+        )  # fmt: skip
+
+    def start(self):
+        self.process = subprocess.Popen(
+            command('runwsgi', str(self.dir / 'etc' / 'zope.ini')),
+            cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+        )  # fmt: skip
+        until(self.up, 60)
+
+    def up(self):
+        assert self.process.poll() is None, 'Zope did not start'
+        try:
+            self.get('/')
+        except OSError:
+            return False
+        return True
+
+    def get(self, path, form=None):
+        """``(status, body)`` of a GET of ``path`` (a POST of ``form``), as
+        the site's manager."""
+        request = urllib.request.Request(
+            f'http://127.0.0.1:{self.port}{path}',
+            None if form is None else urllib.parse.urlencode(form).encode(),
+            headers={'Authorization': AUTH},
+        )
+        try:
+            with urllib.request.urlopen(request, timeout=30) as answer:
+                return answer.status, answer.read().decode().strip()
+        except urllib.error.HTTPError as exc:
+            return exc.code, exc.read().decode()
+
+    def stop(self):
+        if self.process is not None and self.process.poll() is None:
+            self.process.send_signal(signal.SIGINT)
+            self.process.wait(30)
+
+
+@pytest.fixture
+def database():
+    """A PostgreSQL server of the test's own that counts its statements,
+    with the test's tables and a role ``reader`` that may read them."""
+    server = own(
+        PostgreSQL, options=['shared_preload_libraries=pg_stat_statements']
+    )
+    create_tables(server.url)
+    engine = sa.create_engine(server.url)
+    with engine.begin() as connection:
+        for statement in (
+            'CREATE EXTENSION pg_stat_statements',
+            # A second row of a value fails at commit, not at the insert.
+            'CREATE TABLE once (x INTEGER UNIQUE DEFERRABLE INITIALLY '
+            'DEFERRED)',
+            'CREATE ROLE reader LOGIN',
+            'GRANT SELECT ON ALL TABLES IN SCHEMA public TO reader',
+        ):
+            connection.exec_driver_sql(statement)
+    engine.dispose()
+    yield server
+    server.remove()
+
+
+def run_by(server, beginning):
+    """Role: how many statements beginning with ``beginning`` it ran."""
+    engine = sa.create_engine(server.url, poolclass=sa.pool.NullPool)
+    try:
+        with engine.connect() as connection:
+            found = connection.execute(
+                sa.text(
+                    'SELECT r.rolname, sum(s.calls) FROM pg_stat_statements s '
+                    'JOIN pg_roles r ON r.oid = s.userid '
+                    'WHERE s.query LIKE :beginning GROUP BY r.rolname'
+                ),
+                {'beginning': beginning + '%'},
+            )
+            return {role: int(calls) for role, calls in found}
+    finally:
+        engine.dispose()
+
+
+def stored_rent(server):
+    engine = sa.create_engine(server.url, poolclass=sa.pool.NullPool)
+    with engine.connect() as connection:
+        value = connection.exec_driver_sql(
+            'SELECT rent AS stored FROM property WHERE id = 1'
+        ).scalar()
+    engine.dispose()
+    return value
+
+
+@pytest.fixture
+def site(database, tmp_path, request):
+    """The test's site, its reads as ``reader``; the test's parameter adds
+    settings."""
+    reader = database.url.replace('postgres@', 'reader@', 1)
+    made = ZopeSite(
+        tmp_path / 'instance',
+        {
+            'dbtune.url': database.url,
+            'dbtune.read_urls': reader,
+            **getattr(request, 'param', {}),
+        },
+    )
+    done = made.setup()
+    assert done.returncode == 0, done.stderr
+    made.start()
+    yield made
+    made.stop()
+
+
+def test_zsql_methods_read_through_the_cache_on_the_reader(site, database):
+    reads = 'SELECT rent FROM property'
+    assert site.get('/show_rent') == (200, '90')
+    assert run_by(database, reads) == {'reader': 1}
+    # The second call: from the cache, not the database.
+    assert site.get('/show_rent') == (200, '90')
+    assert run_by(database, reads) == {'reader': 1}
+    # A write, on the writer, in Zope's transaction: its commit drops the
+    # rows of the table it wrote.
+    assert site.get('/update?rent=95') == (200, 'done')
+    assert run_by(database, 'UPDATE property') == {'postgres': 1}
+    assert site.get('/show_rent') == (200, '95')
+    assert run_by(database, reads) == {'reader': 2}
+    # A write whose transaction aborts: nothing stored, nothing dropped.
+    status, _ = site.get('/update_and_fail?rent=99')
+    assert status == 500
+    assert run_by(database, 'UPDATE property') == {'postgres': 2}
+    assert stored_rent(database) == 95
+    assert site.get('/show_rent') == (200, '95')
+    assert run_by(database, reads) == {'reader': 2}
+
+
+def test_a_transaction_that_wrote_reads_its_writes_on_the_writer(
+    site, database
+):
+    reads = 'SELECT rent FROM property'
+    assert site.get('/show_rent_now') == (200, '90')
+    assert site.get('/show_rent_now') == (200, '90')  # uncached: again
+    assert run_by(database, reads) == {'reader': 2}
+    # After its write, the transaction's reads, cached or not, run in it.
+    assert site.get('/update_then_read?rent=96') == (200, '96 96')
+    assert run_by(database, reads) == {'reader': 2, 'postgres': 2}
+    assert site.get('/show_rent_now') == (200, '96')
+
+
+def test_two_statements_a_cached_write_and_an_untold_one(site, database):
+    # Several statements in one method: run each time (the last one's
+    # rows are the answer), never cached.
+    assert site.get('/show_two') == (200, '120')
+    assert site.get('/show_two') == (200, '120')
+    assert run_by(database, 'SELECT $1 AS one') == {'reader': 2}
+    assert site.get('/show_rent') == (200, '90')
+    # A write with a cache time is a write: run, and its table dropped.
+    assert site.get('/write_cached?rent=121') == (200, 'done')
+    assert site.get('/show_two') == (200, '121')
+    assert site.get('/show_rent') == (200, '90')  # still cached ...
+    assert run_by(database, 'SELECT rent FROM property') == {'reader': 2}
+    # ... until a write whose tables cannot be told drops everything.
+    assert site.get('/write_untold') == (200, 'done')
+    assert site.get('/show_rent') == (200, '90')
+    assert run_by(database, 'SELECT rent FROM property') == {'reader': 3}
+
+
+def test_a_commit_that_fails_drops_nothing_and_frees_its_slot(site, database):
+    assert site.get('/show_rent') == (200, '90')
+    status, _ = site.get('/fail_at_commit')
+    assert status == 500
+    assert site.get('/show_rent') == (200, '90')
+    assert run_by(database, 'SELECT rent FROM property') == {'reader': 1}
+    # The only write slot is free: the next write goes through.
+    assert site.get('/update?rent=97') == (200, 'done')
+    assert site.get('/show_rent') == (200, '97')
+
+
+@pytest.mark.parametrize(
+    'site', [{'dbtune.causal_reads': 'false'}], indirect=True
+)
+def test_another_adapters_methods_keep_their_own_cache(site):
+    assert site.get('/show_other') == (200, '90')
+    assert site.get('/update?rent=98') == (200, 'done')
+    assert site.get('/show_rent') == (200, '98')
+    # ZSQL's own cache, per thread, which no write drops: what the
+    # package's connection replaces.
+    assert site.get('/show_other') == (200, '90')
+
+
+def test_the_connection_in_the_zmi(site):
+    status, page = site.get('/dbtune/manage_main')
+    assert status == 200 and 'The database connection is open' in page
+    assert site.get('/dbtune/manage_open_connection')[0] == 200
+    add = '/manage_addProduct/pyramid_dbtune.zope'
+    status, page = site.get(f'{add}/add_form')
+    assert status == 200 and 'manage_addDBTuneConnection' in page
+    status, _ = site.get(
+        f'{add}/manage_addDBTuneConnection', {'id': 'second', 'title': ''}
+    )
+    assert status == 200
+    assert site.get('/second/manage_main')[0] == 200
+
+
+@pytest.mark.parametrize(
+    'settings, error',
+    [
+        ({'dbtune.read_pool_size': 'none'},
+         "dbtune.read_pool_size = 'none' is not valid"),
+        ({}, 'pyramid_dbtune.zope needs a database: set dbtune.url'),
+    ],
+)  # fmt: skip
+def test_a_bad_setting_stops_zope_as_it_starts(
+    settings, error, database, tmp_path
+):
+    if settings:
+        settings['dbtune.url'] = database.url
+    done = ZopeSite(tmp_path / 'instance', settings).setup()
+    assert done.returncode != 0
+    assert error in done.stderr
+
+
+def test_the_fast_path_answers_in_zopes_pipeline(database, tmp_path):
+    made = ZopeSite(
+        tmp_path / 'instance', {'dbtune.url': database.url}, '/healthz=OK'
+    )
+    made.start()
+    try:
+        assert made.get('/healthz') == (200, 'OK')
+        assert made.get('/manage_main')[0] == 200
+    finally:
+        made.stop()
+    # Zope's access log, written by a filter behind the fast path, saw
+    # the page Zope published, and never the fast path's (an instance
+    # has no /healthz: Zope would have answered 404).
+    log = (made.dir / 'var' / 'log' / 'Z4.log').read_text()
+    assert '"GET /manage_main ' in log and '/healthz' not in log
+
+
+def test_two_zope_processes_share_memcached(database, memcached, tmp_path):
+    settings = {'dbtune.url': database.url, **shared_settings(memcached)}
+    one, two = (ZopeSite(tmp_path / n, settings) for n in ('one', 'two'))
+    try:
+        for made in (one, two):
+            done = made.setup()
+            assert done.returncode == 0, done.stderr
+            made.start()
+        reads = 'SELECT rent FROM property'
+        assert two.get('/show_rent') == (200, '90')
+        # The other process's read: from memcached.
+        assert one.get('/show_rent') == (200, '90')
+        assert run_by(database, reads) == {'postgres': 1}
+        # A write in one drops the rows for both.
+        assert one.get('/update?rent=95') == (200, 'done')
+        assert two.get('/show_rent') == (200, '95')
+        assert run_by(database, reads) == {'postgres': 2}
+    finally:
+        one.stop()
+        two.stop()
