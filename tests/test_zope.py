@@ -29,6 +29,8 @@ from conftest import create_tables, own, shared_settings, until
 BIN = Path(sys.executable).parent
 ROOT = Path(__file__).parents[1]
 SETUP = Path(__file__).parent / 'zope_setup.py'
+#: Where the tests' own Zope product, ``zope_app``, is found.
+PRODUCTS = Path(__file__).parent / 'zope_app'
 AUTH = 'Basic ' + base64.b64encode(b'admin:admin').decode()
 
 
@@ -46,7 +48,7 @@ class ZopeSite:
     """A Zope instance in ``directory``, with pyramid_dbtune's ``settings``
     in its ``zope.conf``, and :data:`SETUP`'s content."""
 
-    def __init__(self, directory, settings, fast_paths=None):
+    def __init__(self, directory, settings, fast_paths=None, zcml=()):
         self.dir = directory
         self.url = settings.get('dbtune.url', '')
         subprocess.run(
@@ -56,9 +58,13 @@ class ZopeSite:
         )  # fmt: skip
         etc = directory / 'etc'
         (etc / 'package-includes').mkdir()
-        (
-            etc / 'package-includes' / 'pyramid_dbtune-configure.zcml'
-        ).write_text('<include package="pyramid_dbtune.zope" />\n')
+        includes = etc / 'package-includes'
+        (includes / 'pyramid_dbtune-configure.zcml').write_text(
+            '<include package="pyramid_dbtune.zope" />\n'
+        )
+        # ZCML of the site's own, loaded after the package's.
+        for i, text in enumerate(zcml):
+            (includes / f'site{i}-configure.zcml').write_text(text)
         lines = ''.join(f'  {k} {v}\n' for k, v in settings.items())
         with open(etc / 'zope.conf', 'a') as conf:
             conf.write(f'\n<product-config pyramid_dbtune>\n{lines}'
@@ -82,13 +88,18 @@ class ZopeSite:
         return subprocess.run(
             command('zconsole', 'run', str(etc / 'zope.conf'), str(SETUP)),
             cwd=ROOT, capture_output=True, text=True,
-            env={**os.environ, 'DBTUNE_ZOPE_OTHER_URL': self.url},
+            env={**self.env, 'DBTUNE_ZOPE_OTHER_URL': self.url},
         )  # fmt: skip
+
+    @property
+    def env(self):
+        return {**os.environ, 'PYTHONPATH': str(PRODUCTS)}
 
     def start(self):
         self.process = subprocess.Popen(
             command('runwsgi', str(self.dir / 'etc' / 'zope.ini')),
             cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+            env=self.env,
         )  # fmt: skip
         until(self.up, 60)
 
@@ -337,3 +348,56 @@ def test_two_zope_processes_share_memcached(database, memcached, tmp_path):
     finally:
         one.stop()
         two.stop()
+
+
+APP = '<include package="zope_app" />'
+
+
+def test_a_view_calls_the_packages_sql_methods(database, tmp_path):
+    reader = database.url.replace('postgres@', 'reader@', 1)
+    settings = {'dbtune.url': database.url, 'dbtune.read_urls': reader}
+    made = ZopeSite(tmp_path / 'instance', settings, zcml=[APP])
+    made.start()
+    try:
+        reads = 'SELECT id, rent FROM property'
+        assert made.get('/@@code_rent') == (200, '90')
+        assert made.get('/@@code_rent') == (200, '90')  # cached
+        assert run_by(database, reads) == {'reader': 1}
+        # A write, then a read in its transaction: on the writer.
+        assert made.get('/@@code_rent?rent=93') == (200, '93')
+        assert run_by(database, reads) == {'reader': 1, 'postgres': 1}
+        # Committed: the cached rows of property 1 are gone.
+        assert made.get('/@@code_rent') == (200, '93')
+        assert run_by(database, reads) == {'reader': 2, 'postgres': 1}
+        # A method with no cache time reads each time, on the reader.
+        assert made.get('/@@code_rent?now=1') == (200, '93')
+        assert made.get('/@@code_rent?now=1') == (200, '93')
+        assert run_by(database, 'SELECT rent, id') == {'reader': 2}
+        status, said = made.get('/@@code_rent?method=nothing')
+        assert "no SQL method named 'nothing'" in said
+        assert 'registered: get_rent, get_rent_now, set_rent' in said
+        status, said = made.get('/@@code_rent?method=_private')
+        assert said == '_private'
+    finally:
+        made.stop()
+
+
+def test_a_bad_sql_methods_directive_stops_zope(database, tmp_path):
+    bad = tmp_path / 'bad'
+    bad.mkdir()
+    (bad / 'late.sql').write_text('-- cache_time: soon\nSELECT 1\n')
+    for directory, error in (
+        (tmp_path / 'none', 'not a directory that holds *.sql'),
+        (bad, 'cache_time'),
+    ):
+        zcml = (
+            '<configure xmlns:dbtune="urn:pyramid_dbtune">'
+            f'<dbtune:sqlmethods directory="{directory}" /></configure>'
+        )
+        made = ZopeSite(
+            tmp_path / directory.name / 'instance',
+            {'dbtune.url': database.url},
+            zcml=[zcml],
+        )
+        done = made.setup()
+        assert done.returncode != 0 and error in done.stderr

@@ -1,6 +1,7 @@
 """The Zope side: a database connection that a Zope site's ZSQL Methods
 use by ``connection_id``, unchanged, on the package's cache, read pool
-and write slots (``<include package="pyramid_dbtune.zope" />``)."""
+and write slots (``<include package="pyramid_dbtune.zope" />``); and
+:data:`sql`, the package's own SQL methods for code-first sites."""
 
 from .connection import (
     DBTuneConnection,
@@ -8,6 +9,16 @@ from .connection import (
     database,
     manage_addDBTuneConnection,
 )
+from .methods import sql
+
+__all__ = [
+    'DBTuneConnection',
+    'add_form',
+    'database',
+    'initialize',
+    'manage_addDBTuneConnection',
+    'sql',
+]
 
 
 def initialize(context):

@@ -27,6 +27,7 @@ from ..registry import DBTune
 from ..routing.engines import fetch
 from ..settings import parse
 from ..sql.analysis import analyse
+from ..sql.conditions import any_row
 
 #: The ``<product-config>`` section of ``zope.conf`` that holds the
 #: ``dbtune.*`` settings.
@@ -93,6 +94,41 @@ class Database:
         )
         return _answer(rows)
 
+    def call(self, registered, params):
+        """Call the SQL method ``registered`` (a
+        :class:`~pyramid_dbtune.registry.Registered`) with ``params`` in
+        Zope's current transaction: its :class:`Rows`."""
+        method = registered.method
+        statement, bound = method.bind(params)
+        work = self._work(make=method.writes)
+        if work is not None:
+            if method.writes:
+                work.wrote(method.tables)
+            result = work.session.connection().execute(statement, bound)
+            if method.writes:
+                mark_changed(work.session)
+            return fetch(result, method.max_rows)
+        if not registered.cache_time:
+            return self._read_method(statement, bound, method, False)
+        values = method.values(params)
+        key = (registered.key, values, tuple(map(type, values)))
+        rows, _ = self.dbtune.cache.get_or_fill(
+            key,
+            registered.cache_time,
+            registered.tags(params),
+            self._read_method,
+            statement,
+            bound,
+            method,
+            True,
+        )
+        return rows
+
+    def _read_method(self, statement, params, method, fill):
+        return self.dbtune.router.read(
+            statement, params, method.max_rows, method.tables, fill=fill
+        )
+
     def _run(self, sql, max_rows):
         writes, tables = analyse(sql)
         work = self._work(make=writes)
@@ -141,9 +177,14 @@ class _Work:
         register(self.session)
 
     def wrote(self, tables):
-        """Note a write of ``tables`` (None: which, it cannot tell)."""
+        """Note a write of ``tables`` (None: which, it cannot tell): it
+        drops every read of them, pinned to rows or not."""
         known = tables is not None and self.tables is not None
-        self.tables = self.tables | tables if known else None
+        self.tables = (
+            self.tables | tables | {any_row(t) for t in tables}
+            if known
+            else None
+        )
 
     def ended(self, committed):
         """After the commit (or abort): drop what a commit changed, and

@@ -1,0 +1,1 @@
+UPDATE property SET rent = :rent WHERE id = :id
