@@ -74,29 +74,11 @@ def add_sql_methods(config, spec):
     by :func:`~pyramid_dbtune.sql.zsql.load_zsql_file`.
     """
     path = Path(AssetResolver(config.package).resolve(spec).abspath())
-    files = (
-        sorted(f for f in path.iterdir() if f.suffix.lower() in zsql.LOADERS)
-        if path.is_dir()
-        else []
-    )
-    if not files:
-        raise ConfigurationError(
-            f'add_sql_methods({spec!r}): {path} is not a directory that '
-            'holds *.sql or *.zsql files'
-        )
-    loaded = {}
-    for file in files:
-        try:
-            method = zsql.load_file(file)
-        except SQLFileError as exc:
-            raise ConfigurationError(str(exc)) from None
-        if method.name in loaded:
-            raise ConfigurationError(
-                f'{file} and {loaded[method.name][0]} both name SQL method '
-                f'{method.name!r}'
-            )
-        loaded[method.name] = (file, method)
-    return [add_sql_method(config, m) for _, m in loaded.values()]
+    try:
+        loaded = zsql.load_directory(path)
+    except SQLFileError as exc:
+        raise ConfigurationError(f'add_sql_methods({spec!r}): {exc}') from None
+    return [add_sql_method(config, m) for _, m in loaded]
 
 
 def _say_untold(dbtune):

@@ -365,3 +365,30 @@ def load_file(path, **overrides):
             f'{path}: a SQL file ends in .sql or .zsql'
         ) from None
     return load(path, **overrides)
+
+
+def load_directory(path):
+    """``(file, method)`` of every ``*.sql`` and ``*.zsql`` file of the
+    directory ``path``, by file name. Raises :class:`SQLFileError` for a
+    file it cannot read, two files of one method name, or a path that is
+    not a directory holding such files."""
+    path = Path(path)
+    files = (
+        sorted(f for f in path.iterdir() if f.suffix.lower() in LOADERS)
+        if path.is_dir()
+        else []
+    )
+    if not files:
+        raise SQLFileError(
+            f'{path} is not a directory that holds *.sql or *.zsql files'
+        )
+    loaded = {}
+    for file in files:
+        method = load_file(file)
+        if method.name in loaded:
+            raise SQLFileError(
+                f'{file} and {loaded[method.name][0]} both name SQL method '
+                f'{method.name!r}'
+            )
+        loaded[method.name] = (file, method)
+    return list(loaded.values())

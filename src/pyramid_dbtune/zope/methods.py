@@ -3,8 +3,6 @@
 script as ``pyramid_dbtune.zope.sql.<name>(**params)``, the way a
 Pyramid view calls ``request.sql``, in Zope's current transaction."""
 
-from pathlib import Path
-
 from zope.configuration.exceptions import ConfigurationError
 from zope.configuration.fields import Path as PathField
 from zope.interface import Interface
@@ -23,22 +21,13 @@ class ISQLMethodsDirective(Interface):
 def sqlmethods(_context, directory):
     """Register every ``*.sql`` and ``*.zsql`` file of ``directory``; two
     methods of one name conflict, as two views of one name do."""
-    path = Path(directory)
-    files = (
-        sorted(f for f in path.iterdir() if f.suffix.lower() in zsql.LOADERS)
-        if path.is_dir()
-        else []
-    )
-    if not files:
+    try:
+        loaded = zsql.load_directory(directory)
+    except SQLFileError as exc:
         raise ConfigurationError(
-            f'<dbtune:sqlmethods directory="{directory}">: not a directory '
-            'that holds *.sql or *.zsql files'
-        )
-    for file in files:
-        try:
-            method = zsql.load_file(file)
-        except SQLFileError as exc:
-            raise ConfigurationError(str(exc)) from None
+            f'<dbtune:sqlmethods directory="{directory}">: {exc}'
+        ) from None
+    for _, method in loaded:
         _context.action(
             discriminator=('dbtune-sql-method', method.name),
             callable=_register,
