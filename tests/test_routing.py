@@ -1054,7 +1054,7 @@ def test_a_statement_past_its_time_limit_is_stopped(server_url, apps):
 
 
 def test_a_time_limit_the_url_names_wins():
-    from pyramid_dbtune.routing.engines import connect_args
+    from pyramid_dbtune.routing.connect import connect_args
 
     assert connect_args('sqlite://', 5, 30) == {}
     assert connect_args('postgresql+psycopg://u@h/d', 0, 0) == {}

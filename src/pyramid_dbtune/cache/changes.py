@@ -341,7 +341,7 @@ _LOCK_WAIT_TIMEOUT = 1205
 
 
 def _timeouts(settings):
-    from ..routing.engines import connect_args
+    from ..routing.connect import connect_args
 
     args = connect_args(settings.url, settings.connect_timeout)
     return {'connect_args': args} if args else {}

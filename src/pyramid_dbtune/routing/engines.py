@@ -9,22 +9,20 @@ import functools
 import hashlib
 import itertools
 import logging
-import math
 import threading
 from time import monotonic, perf_counter
 
 import sqlalchemy as sa
 from pyramid_retry import mark_error_retryable
-from sqlalchemy import create_engine, event
+from sqlalchemy import event
 from sqlalchemy.engine import make_url
 from sqlalchemy.exc import DBAPIError
 
 from ..deploy import forks
 from ..sql.analysis import ANY_TABLE
-from ..sql.rows import Rows
+from .connect import READ_ONLY_STATEMENTS, fetch, make_engine, make_read_only
 from .errors import (
     WriteSlotTimeout,
-    mark_retryable,
 )
 from .lag import NO_POSITION, LagWatch, position_of
 
@@ -39,124 +37,9 @@ def pin_key(settings):
     return hashlib.sha256(secret.encode()).digest()
 
 
-#: How a read on the writer is made read-only, and the connection made
-#: writable again after, by dialect. PostgreSQL's driver does it by an
-#: execution option. SET TRANSACTION applies to the transaction the read is
-#: about to begin.
-_SET_TRANSACTION = ('mysql', 'mariadb', 'oracle')
-_READ_ONLY = {
-    'sqlite': ('PRAGMA query_only = ON', 'PRAGMA query_only = OFF'),
-    **dict.fromkeys(_SET_TRANSACTION, ('SET TRANSACTION READ ONLY', None)),
-}
 #: A reader that failed is left alone this long, doubling to the maximum.
 FIRST_BACKOFF = 1.0
 MAX_BACKOFF = 60.0
-
-
-def fetch(result, max_rows, position=None):
-    """Read a SQLAlchemy result into :class:`Rows`, keeping ``max_rows``;
-    ``position``: the replica's log position it was read at, at least."""
-    if not result.returns_rows:
-        return Rows(rowcount=result.rowcount)
-    columns = tuple(result.keys())
-    truncated = False
-    if max_rows:
-        data = result.fetchmany(max_rows + 1)
-        truncated = len(data) > max_rows
-        del data[max_rows:]
-        result.close()
-    else:
-        data = result.fetchall()
-    return Rows(columns, data, truncated=truncated, position=position)
-
-
-#: How each driver is told to give up connecting, by its name, and how
-#: the seconds are given: libpq takes whole seconds, 2 at the least.
-_CONNECT_TIMEOUT = {
-    'psycopg': ('connect_timeout', lambda s: max(2, math.ceil(s))),
-    'psycopg2': ('connect_timeout', lambda s: max(2, math.ceil(s))),
-    'pymysql': ('connect_timeout', float),
-    'mysqldb': ('connect_timeout', lambda s: max(1, math.ceil(s))),
-    'oracledb': ('tcp_connect_timeout', float),
-}
-
-
-def connect_args(url, connect_timeout, statement_timeout=0):
-    """The driver's arguments that bound how long a connection may take
-    to open (``connect_timeout`` seconds) and a statement to run
-    (``statement_timeout``; 0: no bound). A database that accepts a
-    connection and never answers would otherwise hold the request, and a
-    thread, for good. A bound the URL names itself wins."""
-    url = make_url(url)
-    driver = url.get_driver_name()
-    args = {}
-    name, seconds = _CONNECT_TIMEOUT.get(driver, (None, None))
-    if connect_timeout and name is not None and name not in url.query:
-        args[name] = seconds(connect_timeout)
-    if statement_timeout and driver == 'pymysql':
-        # PyMySQL reads the server's greeting, and every answer, under its
-        # read_timeout: connect_timeout bounds only the TCP connect.
-        for name in ('read_timeout', 'write_timeout'):
-            if name not in url.query:
-                args[name] = float(statement_timeout)
-    elif statement_timeout and driver in ('psycopg', 'psycopg2'):
-        # The server's own limit, added to the URL's options (which the
-        # driver's arguments would otherwise replace).
-        limit = f'-c statement_timeout={math.ceil(statement_timeout * 1000)}'
-        options = url.query.get('options', '')
-        if 'statement_timeout' not in options:
-            args['options'] = f'{options} {limit}'.strip()
-    return args
-
-
-def make_engine(url, connect_timeout=0, statement_timeout=0, **kw):
-    args = connect_args(url, connect_timeout, statement_timeout)
-    if args:
-        kw['connect_args'] = args
-    engine = create_engine(url, **kw)
-    event.listen(engine, 'handle_error', mark_retryable)
-    return engine
-
-
-def make_read_only(engine):
-    """Make every transaction on ``engine`` read-only: a statement taken
-    for a read that writes then fails, rather than being rolled back
-    unseen, and a session that writes through a reader fails too."""
-    dialect = engine.dialect.name
-    if dialect == 'postgresql':
-        engine.update_execution_options(postgresql_readonly=True)
-    elif dialect in _READ_ONLY_SESSION:
-        # Once per connection: no statement before each read.
-        event.listen(
-            engine,
-            'connect',
-            functools.partial(_read_only_session, _READ_ONLY_SESSION[dialect]),
-        )
-    elif dialect == 'oracle':  # pragma: no cover (no Oracle server here)
-        # Oracle has no read-only session: each transaction says it.
-        event.listen(
-            engine,
-            'begin',
-            lambda connection: connection.exec_driver_sql(
-                'SET TRANSACTION READ ONLY'
-            ),
-        )
-
-
-#: How a connection is made read-only for good, by dialect.
-_READ_ONLY_SESSION = {
-    'sqlite': 'PRAGMA query_only = ON',
-    'mysql': 'SET SESSION TRANSACTION READ ONLY',
-    'mariadb': 'SET SESSION TRANSACTION READ ONLY',
-}
-
-
-def _read_only_session(sql, dbapi_connection, record):
-    cursor = dbapi_connection.cursor()
-    try:
-        cursor.execute(sql)
-    finally:
-        cursor.close()
 
 
 class ReadEngine:
@@ -214,7 +97,7 @@ class Router:
         self._turn = itertools.count()
         self.replicas = settings.read_urls is not None
         self.dialect = self.writer.dialect.name
-        self._read_only, self._writable = _READ_ONLY.get(
+        self._read_only, self._writable = READ_ONLY_STATEMENTS.get(
             self.dialect, (None, None)
         )
         self.failovers = 0

@@ -24,7 +24,7 @@ from zope.sqlalchemy import mark_changed, register
 
 from ..convert import whole_number
 from ..sql.conditions import any_row, told, value_tag
-from .engines import fetch
+from .connect import fetch
 from .errors import (
     WriteSlotTimeout,
 )

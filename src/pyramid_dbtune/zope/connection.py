@@ -24,7 +24,7 @@ from sqlalchemy.orm import Session
 from zope.sqlalchemy import mark_changed, register
 
 from ..registry import DBTune
-from ..routing.engines import fetch
+from ..routing.connect import fetch
 from ..settings import parse
 from ..sql.analysis import analyse
 from ..sql.conditions import any_row
