@@ -401,3 +401,26 @@ def test_a_bad_sql_methods_directive_stops_zope(database, tmp_path):
         )
         done = made.setup()
         assert done.returncode != 0 and error in done.stderr
+
+
+def test_a_write_made_outside_zope_reaches_its_cache(database, tmp_path):
+    from pyramid_dbtune.cache import triggers
+
+    engine = sa.create_engine(database.url)
+    triggers.install(engine, {'property': []})
+    settings = {'dbtune.url': database.url, 'dbtune.cache.listen': 'true'}
+    made = ZopeSite(tmp_path / 'instance', settings)
+    assert made.setup().returncode == 0
+    made.start()
+    try:
+        assert made.get('/show_rent') == (200, '90')
+        assert made.get('/show_rent') == (200, '90')  # cached
+        with engine.begin() as connection:  # as psql would
+            connection.exec_driver_sql(
+                'UPDATE property SET rent = 94 WHERE id = 1'
+            )
+        # Heard, and dropped: fresh within the listener's bound.
+        until(lambda: made.get('/show_rent') == (200, '94'), 1)
+    finally:
+        made.stop()
+        engine.dispose()

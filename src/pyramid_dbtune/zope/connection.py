@@ -43,7 +43,13 @@ def database():
     global _database
     with _made:
         if _database is None:
-            _database = Database(DBTune(settings()))
+            dbtune = DBTune(settings())
+            if dbtune.settings.cache_listen:
+                # Writes made anywhere (see "Writes made anywhere").
+                from ..cache import changes
+
+                changes.start(dbtune)
+            _database = Database(dbtune)
         return _database
 
 
