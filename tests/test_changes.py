@@ -349,6 +349,42 @@ def test_the_triggers_command(server_url, tmp_path, capsys):
     assert watched(server_url) == set()
 
 
+def test_the_triggers_command_for_named_tables(server_url, tmp_path, capsys):
+    # A Zope site's ZSQL Methods name their tables in their SQL alone.
+    create_tables(server_url)
+    command = ['triggers', '--url', server_url, '--tables', 'area,property']
+    assert main(command) == 0
+    assert capsys.readouterr().out == (
+        'dbtune triggers: installed on area\n'
+        'dbtune triggers: installed on property\n'
+    )
+    assert watched(server_url) == {'area', 'property'}
+    assert main([*command, '--drop']) == 0
+    assert watched(server_url) == set()
+    # With an ini file: besides the application's own.
+    path = ini(tmp_path, server_url)
+    assert main(['triggers', path, '--tables', 'area']) == 0
+    assert watched(server_url) == {'area', 'property'}
+    assert main(['triggers', path, '--tables', 'area', '--drop']) == 0
+    assert watched(server_url) == set()
+
+
+@pytest.mark.parametrize(
+    'arguments, error',
+    [
+        (['--url', 'sqlite://'], '--url needs --tables'),
+        ([], 'give an ini file or --url, one of them'),
+        (['app.ini', '--url', 'sqlite://'], 'one of them'),
+        (['--url', 'sqlite://', '--tables', 'Property'],
+         "'Property' is not a plain table name"),
+        (['--url', 'sqlite://', '--tables', 'property'], 'sqlite cannot tell'),
+    ],
+)  # fmt: skip
+def test_the_triggers_command_refuses(arguments, error, capsys):
+    assert main(['triggers', *arguments]) == 2
+    assert error in capsys.readouterr().err
+
+
 def test_the_triggers_command_needs_a_database_that_tells(tmp_path, capsys):
     url = f'sqlite:///{tmp_path / "app.sqlite"}'
     create_tables(url)

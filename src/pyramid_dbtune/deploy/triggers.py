@@ -5,9 +5,17 @@ anyone (``psql``, a cron job, another application).
 Run it as a user that owns the tables, again whenever the application's
 SQL methods change: it replaces what it installed before. With
 ``dbtune.cache.listen = true`` each process then hears of the changes.
+A Zope site, whose ZSQL Methods name their tables in their SQL alone,
+names them: ``dbtune triggers --url URL --tables property,area``.
 """
 
 import sys
+
+from sqlalchemy import create_engine
+
+
+class _Refused(Exception):
+    """What the command cannot do, said to the user."""
 
 
 def add_parser(commands):
@@ -16,10 +24,21 @@ def add_parser(commands):
         'triggers',
         help='install the triggers that tell the application of changes '
         'made outside it',
-        description=__doc__.split('\n\n')[1].replace('\n', ' '),
+        description=' '.join(
+            p.replace('\n', ' ') for p in __doc__.split('\n\n')[1:]
+        ),
     )
     parser.add_argument(
-        'config_uri', help="the application's ini file, e.g. production.ini"
+        'config_uri',
+        nargs='?',
+        help="the application's ini file, e.g. production.ini",
+    )
+    parser.add_argument('--url', help='a database URL, instead of an ini file')
+    parser.add_argument(
+        '--tables',
+        default='',
+        help='tables to watch, comma-separated, besides those of the '
+        "application's cached SQL methods",
     )
     parser.add_argument(
         '--drop', action='store_true', help='drop the triggers instead'
@@ -34,23 +53,13 @@ def add_parser(commands):
 
 def run(args, stdout=None, stderr=None):
     """The command: 0 when done, 2 when it cannot be."""
-    from pyramid.paster import bootstrap
-
     from ..cache import triggers
 
     stdout = stdout or sys.stdout
     stderr = stderr or sys.stderr
-    env = bootstrap(args.config_uri)
+    closers = []
     try:
-        dbtune = env['registry'].dbtune
-        tables = triggers.tables_to_watch(dbtune)
-        if not tables:
-            stderr.write(
-                'dbtune triggers: no cached SQL method reads a table by '
-                'name: there is nothing to watch\n'
-            )
-            return 2
-        engine = dbtune.router.writer
+        engine, tables = _what(args, closers)
         if args.sql:
             for statement in triggers.trigger_sql(engine, tables, args.drop):
                 stdout.write(statement + ';\n')
@@ -58,13 +67,52 @@ def run(args, stdout=None, stderr=None):
         try:
             triggers.install(engine, tables, args.drop)
         except ValueError as exc:
-            stderr.write(f'dbtune triggers: {exc}\n')
-            return 2
+            raise _Refused(str(exc)) from None
         done = 'dropped the triggers of' if args.drop else 'installed on'
         for table, columns in tables.items():
             told = f' (rows told by {", ".join(columns)})' if columns else ''
             stdout.write(f'dbtune triggers: {done} {table}{told}\n')
         return 0
+    except _Refused as exc:
+        stderr.write(f'dbtune triggers: {exc}\n')
+        return 2
     finally:
-        env['registry'].dbtune.close()
-        env['closer']()
+        for close in reversed(closers):
+            close()
+
+
+def _what(args, closers):
+    """The engine and the tables (table: pinned columns) to work on."""
+    from ..cache import triggers
+    from ..sql.conditions import PLAIN
+
+    named = args.tables.replace(',', ' ').split()
+    for table in named:
+        if not PLAIN.match(table):
+            raise _Refused(
+                f'{table!r} is not a plain table name (lower case letters, '
+                'digits and _, unquoted)'
+            )
+    if (args.config_uri is None) == (args.url is None):
+        raise _Refused('give an ini file or --url, one of them')
+    if args.url is not None:
+        if not named:
+            raise _Refused('--url needs --tables: the tables to watch')
+        engine = create_engine(args.url)
+        closers.append(engine.dispose)
+        return engine, {t: [] for t in sorted(set(named))}
+    from pyramid.paster import bootstrap
+
+    env = bootstrap(args.config_uri)
+    closers.append(env['closer'])
+    dbtune = env['registry'].dbtune
+    closers.append(dbtune.close)
+    tables = triggers.tables_to_watch(dbtune)
+    for table in named:
+        tables.setdefault(table, [])
+    if not tables:
+        raise _Refused(
+            'no cached SQL method reads a table by name: there is nothing '
+            'to watch'
+        )
+    return dbtune.router.writer, dict(sorted(tables.items()))
