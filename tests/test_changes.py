@@ -11,6 +11,7 @@ import json
 import os
 import subprocess
 import sys
+import threading
 import time
 import urllib.request
 from pathlib import Path
@@ -430,6 +431,21 @@ def test_a_listener_starts_again_in_a_forked_child(postgresql_url, apps):
     assert in_a_child(lambda: listener.listening.wait(10))
     listener.stop()
     assert not in_a_child(lambda: listener.listening.wait(0.5))
+
+
+def test_a_dbtune_has_one_listener(postgresql_url, apps):
+    dbtune = listening(postgresql_url, apps).app.registry.dbtune
+    listener = dbtune.listener
+    before = listeners()
+    changes.start(dbtune)  # as the Zope side's operator's views do
+    assert dbtune.listener is listener
+    assert listeners() == before
+
+
+def listeners():
+    return sum(
+        t.name == 'pyramid_dbtune listener' for t in threading.enumerate()
+    )
 
 
 def test_a_shared_cache_is_kept_when_a_process_starts_listening(

@@ -36,6 +36,7 @@ __all__ = [
     'WriteSlotTimeout',
     'ZSQLMethod',
     'includeme',
+    'install',
 ]
 
 
@@ -133,10 +134,18 @@ def includeme(config):
     """
     if getattr(config.registry, 'dbtune', None) is not None:
         return  # Pyramid would include it again, and conflict
-    parsed = _settings.parse(config.get_settings())
+    install(config, DBTune(_settings.parse(config.get_settings())))
+
+
+def install(config, dbtune):
+    """What :func:`includeme` installs, around ``dbtune``: a
+    :class:`DBTune` made already, its settings parsed. The Zope side
+    (:mod:`pyramid_dbtune.zope.ops`) gives it the Zope process's own, so
+    that the operator's views count what Zope's SQL runs."""
+    parsed = dbtune.settings
     included = _settings.read(config.get_settings())
     config.include('pyramid_tm')
-    dbtune = config.registry.dbtune = DBTune(parsed)
+    config.registry.dbtune = dbtune
     config.add_directive('add_sql_method', add_sql_method)
     config.add_directive('add_sql_methods', add_sql_methods)
     config.add_request_method(RequestContext, 'dbtune', reify=True)

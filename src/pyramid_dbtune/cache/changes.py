@@ -348,5 +348,8 @@ def _timeouts(settings):
 
 
 def start(dbtune):
-    """Start the listener of ``dbtune`` (``dbtune.cache.listen``)."""
-    dbtune.listener = Listener(dbtune).start()
+    """Start the listener of ``dbtune`` (``dbtune.cache.listen``), unless
+    it has one: a Zope process's operator's views, installed on the
+    process's own DBTune, find it listening already."""
+    if dbtune.listener is None:
+        dbtune.listener = Listener(dbtune).start()
