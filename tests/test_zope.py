@@ -9,6 +9,7 @@ tells what was served from the cache and what ran on the reader (a role
 of its own) or the writer."""
 
 import base64
+import json
 import os
 import signal
 import subprocess
@@ -22,6 +23,7 @@ import coverage
 import pytest
 import sqlalchemy as sa
 
+from pyramid_dbtune.deploy import cli
 from servers import PostgreSQL, free_port
 
 from conftest import create_tables, own, shared_settings, until
@@ -48,9 +50,11 @@ class ZopeSite:
     """A Zope instance in ``directory``, with pyramid_dbtune's ``settings``
     in its ``zope.conf``, and :data:`SETUP`'s content."""
 
-    def __init__(self, directory, settings, fast_paths=None, zcml=()):
+    def __init__(
+        self, directory, settings, fast_paths=None, zcml=(), ini=None
+    ):
         self.dir = directory
-        self.url = settings.get('dbtune.url', '')
+        self.url = (ini or settings).get('dbtune.url', '')
         subprocess.run(
             [str(BIN / 'mkwsgiinstance'), '-d', str(directory),
              '-u', 'admin:admin'],
@@ -65,21 +69,28 @@ class ZopeSite:
         # ZCML of the site's own, loaded after the package's.
         for i, text in enumerate(zcml):
             (includes / f'site{i}-configure.zcml').write_text(text)
-        lines = ''.join(f'  {k} {v}\n' for k, v in settings.items())
-        with open(etc / 'zope.conf', 'a') as conf:
-            conf.write(f'\n<product-config pyramid_dbtune>\n{lines}'
-                       '</product-config>\n')  # fmt: skip
+        if settings is not None:
+            lines = ''.join(f'  {k} {v}\n' for k, v in settings.items())
+            with open(etc / 'zope.conf', 'a') as conf:
+                conf.write(f'\n<product-config pyramid_dbtune>\n{lines}'
+                           '</product-config>\n')  # fmt: skip
         self.port = free_port()
-        ini = etc / 'zope.ini'
-        text = ini.read_text().replace('port = 8080', f'port = {self.port}')
+        path = etc / 'zope.ini'
+        text = path.read_text().replace('port = 8080', f'port = {self.port}')
+        head = 'pipeline =\n    egg:Zope#httpexceptions\n'
+        assert head in text
         if fast_paths:  # the filter first in Zope's own pipeline
-            head = 'pipeline =\n    egg:Zope#httpexceptions\n'
-            assert head in text
             text = text.replace(head, head + '    fastpath\n') + (
                 '\n[filter:fastpath]\nuse = egg:pyramid_dbtune#fastpath\n'
                 f'paths = {fast_paths}\n'
             )
-        ini.write_text(text)
+        if ini is not None:  # the dbtune filter, with these settings
+            lines = ''.join(f'{k} = {v}\n' for k, v in ini.items())
+            text = text.replace('pipeline =\n', 'pipeline =\n    dbtune\n')
+            text += (
+                f'\n[filter:dbtune]\nuse = egg:pyramid_dbtune#zope\n{lines}'
+            )
+        path.write_text(text)
         self.process = None
 
     def setup(self):
@@ -96,12 +107,23 @@ class ZopeSite:
         return {**os.environ, 'PYTHONPATH': str(PRODUCTS)}
 
     def start(self):
-        self.process = subprocess.Popen(
-            command('runwsgi', str(self.dir / 'etc' / 'zope.ini')),
-            cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-            env=self.env,
-        )  # fmt: skip
+        with open(self.dir / 'stderr.log', 'w') as said:
+            self.process = subprocess.Popen(
+                command('runwsgi', str(self.dir / 'etc' / 'zope.ini')),
+                cwd=ROOT, stdout=subprocess.DEVNULL, stderr=said,
+                env=self.env,
+            )  # fmt: skip
         until(self.up, 60)
+
+    def said(self):
+        """What Zope wrote to its standard error."""
+        return (self.dir / 'stderr.log').read_text()
+
+    def failed(self):
+        """What Zope said as it failed to start."""
+        with pytest.raises(AssertionError, match='Zope did not start'):
+            self.start()
+        return self.said()
 
     def up(self):
         assert self.process.poll() is None, 'Zope did not start'
@@ -111,9 +133,9 @@ class ZopeSite:
             return False
         return True
 
-    def get(self, path, form=None):
+    def get(self, path, form=None, headers=None):
         """``(status, body)`` of a GET of ``path`` (a POST of ``form``), as
-        the site's manager."""
+        the site's manager; the answer's ``headers`` in that dict."""
         request = urllib.request.Request(
             f'http://127.0.0.1:{self.port}{path}',
             None if form is None else urllib.parse.urlencode(form).encode(),
@@ -121,6 +143,8 @@ class ZopeSite:
         )
         try:
             with urllib.request.urlopen(request, timeout=30) as answer:
+                if headers is not None:
+                    headers.update(answer.headers)
                 return answer.status, answer.read().decode().strip()
         except urllib.error.HTTPError as exc:
             return exc.code, exc.read().decode()
@@ -424,3 +448,82 @@ def test_a_write_made_outside_zope_reaches_its_cache(database, tmp_path):
     finally:
         made.stop()
         engine.dispose()
+
+
+TOKEN = 'the-operator-of-this-zope-site'
+
+
+def test_the_wsgi_pipelines_settings_and_the_operators_side(
+    database, tmp_path, capsys
+):
+    reader = database.url.replace('postgres@', 'reader@', 1)
+    made = ZopeSite(
+        tmp_path / 'instance',
+        None,  # nothing in zope.conf
+        ini={
+            'dbtune.url': database.url,
+            'dbtune.read_urls': reader,
+            'dbtune.stats': 'true',
+            'dbtune.stats.token': TOKEN,
+            'dbtune.probes': 'true',
+            'dbtune.server_timing': 'true',
+            'dbtune.fast_paths': '/healthz=OK',
+        },
+        zcml=[APP],  # its SQL methods, registered once the filter is made
+    )
+    # zconsole reads zope.conf alone: adding the content needs no database.
+    done = made.setup()
+    assert done.returncode == 0, done.stderr
+    made.start()
+    try:
+        reads = 'SELECT rent FROM property'
+        headers = {}
+        assert made.get('/show_rent', headers=headers) == (200, '90')
+        assert made.get('/show_rent') == (200, '90')
+        assert run_by(database, reads) == {'reader': 1}
+        assert made.get('/@@code_rent') == (200, '90')
+        assert 'total;dur=' in headers['Server-Timing']
+        assert made.get('/healthz') == (200, 'OK')
+        # The operator's views, behind the token, as in Pyramid.
+        assert made.get('/_dbtune/stats')[0] == 404
+        status, body = made.get(f'/_dbtune/stats?token={TOKEN}')
+        assert status == 200
+        stats = json.loads(body)
+        assert stats['routes']['zope']['requests'] >= 2
+        # show_rent's miss and hit, and code_rent's miss.
+        assert stats['cache']['hits'] == 1 and stats['cache']['misses'] == 2
+        # "Am I threading, and how well?", asked of Zope's server.
+        status = cli.main(
+            ['threadcheck', f'http://127.0.0.1:{made.port}', '--json',
+             '--duration', '0.3', '--ms', '20', '--concurrency', '4',
+             '--token', TOKEN]
+        )  # fmt: skip
+        out, err = capsys.readouterr()
+        assert status == 0, err
+        report = json.loads(out)
+        # Zope's server runs waits in parallel, in the database too.
+        assert report['probes']['io']['parallelism'] > 2, report
+        assert report['probes']['sql']['parallelism'] > 2, report
+    finally:
+        made.stop()
+    log = (made.dir / 'var' / 'log' / 'Z4.log').read_text()
+    assert '"GET /show_rent ' in log and '/healthz' not in log
+
+
+@pytest.mark.parametrize(
+    'conf, ini, error',
+    [
+        (None, {'dbtune.read_pool_size': 'none'},
+         "dbtune.read_pool_size = 'none' is not valid"),
+        (None, {'dbtune.stats': 'true'},
+         'pyramid_dbtune.zope needs a database: set dbtune.url'),
+        ({}, {'dbtune.stats': 'true'}, 'give them in one place'),
+        (None, {'paths': '/healthz=OK'},
+         'the dbtune filter takes dbtune.* settings, not paths'),
+    ],
+)  # fmt: skip
+def test_a_bad_filter_stops_zope(conf, ini, error, database, tmp_path):
+    if conf is not None:
+        conf['dbtune.url'] = database.url
+    made = ZopeSite(tmp_path / 'instance', conf, ini=ini)
+    assert error in made.failed()

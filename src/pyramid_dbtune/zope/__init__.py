@@ -7,6 +7,7 @@ from .connection import (
     DBTuneConnection,
     add_form,
     database,
+    has_settings,
     manage_addDBTuneConnection,
 )
 from .methods import sql
@@ -22,10 +23,12 @@ __all__ = [
 
 
 def initialize(context):
-    """Zope's product registration, as Zope starts: the settings checked
-    (a bad one stops Zope, as it would stop Pyramid), and the connection
-    in the ZMI's add list."""
-    database()
+    """Zope's product registration, as Zope starts: the settings of
+    ``zope.conf`` checked (a bad one stops Zope, as it would stop
+    Pyramid), and the connection in the ZMI's add list. Settings given in
+    the WSGI pipeline instead are checked when its filter is made."""
+    if has_settings():
+        database()
     context.registerClass(
         DBTuneConnection,
         permission='Add Z Database Connections',

@@ -35,35 +35,71 @@ PRODUCT = 'pyramid_dbtune'
 
 _made = threading.Lock()
 _database = None
+#: SQL methods ZCML registered before the database was made.
+_pending = []
 
 
 def database():
     """The process's :class:`Database`, made at first use from
-    ``<product-config pyramid_dbtune>``."""
-    global _database
+    ``<product-config pyramid_dbtune>`` (or before, by :func:`configure`),
+    with the SQL methods ZCML registered."""
     with _made:
         if _database is None:
-            dbtune = DBTune(settings())
-            if dbtune.settings.cache_listen:
-                # Writes made anywhere (see "Writes made anywhere").
-                from ..cache import changes
-
-                changes.start(dbtune)
-            _database = Database(dbtune)
+            _make(parse(_section() or {}))
+        while _pending:
+            _database.dbtune.register(_pending.pop(0))
         return _database
 
 
-def settings():
-    """The parsed ``dbtune.*`` settings of ``zope.conf``; a bad one raises
-    :class:`pyramid.exceptions.ConfigurationError`, as in Pyramid."""
+def configure(text):
+    """Make the process's :class:`Database` from ``text``, the ``dbtune.*``
+    settings of the WSGI pipeline's filter; a
+    :class:`~pyramid.exceptions.ConfigurationError` for a bad setting, or
+    for settings given twice (``zope.conf`` too)."""
+    with _made:
+        if _database is not None or _section() is not None:
+            raise ConfigurationError(
+                "pyramid_dbtune's settings are in zope.conf's "
+                '<product-config pyramid_dbtune> section and in the WSGI '
+                "pipeline's dbtune filter: give them in one place"
+            )
+        _make(parse(text))
+    return database()
+
+
+def has_settings():
+    """True when ``zope.conf`` holds the settings (then they are checked
+    as Zope starts); else they are to come from the WSGI pipeline."""
+    return _section() is not None
+
+
+def add_method(method):
+    """Register ``method`` (a :class:`~pyramid_dbtune.SQLMethod`) with the
+    process's database when it is next asked for (:func:`database`): as
+    Zope starts, before its settings may have been read."""
+    _pending.append(method)
+
+
+def _section():
     sections = getattr(getConfiguration(), 'product_config', None) or {}
-    parsed = parse(sections.get(PRODUCT, {}))
-    if parsed.url is None:
+    return sections.get(PRODUCT)
+
+
+def _make(settings):
+    global _database
+    if settings.url is None:
         raise ConfigurationError(
             'pyramid_dbtune.zope needs a database: set dbtune.url in '
-            "zope.conf's <product-config pyramid_dbtune> section"
+            "zope.conf's <product-config pyramid_dbtune> section, or in "
+            "the WSGI pipeline's dbtune filter"
         )
-    return parsed
+    dbtune = DBTune(settings)
+    if settings.cache_listen:
+        # Writes made anywhere (see "Writes made anywhere").
+        from ..cache import changes
+
+        changes.start(dbtune)
+    _database = Database(dbtune)
 
 
 class Database:
@@ -263,7 +299,7 @@ class DBTuneConnection(Connection):
         return self
 
     def connected(self):
-        return 'the settings of zope.conf'
+        return "pyramid_dbtune's settings"
 
 
 InitializeClass(DBTuneConnection)

@@ -9,7 +9,7 @@ from zope.interface import Interface
 
 from ..sql import zsql
 from ..sql.method import SQLFileError
-from .connection import database
+from .connection import add_method, database
 
 
 class ISQLMethodsDirective(Interface):
@@ -30,13 +30,9 @@ def sqlmethods(_context, directory):
     for _, method in loaded:
         _context.action(
             discriminator=('dbtune-sql-method', method.name),
-            callable=_register,
+            callable=add_method,
             args=(method,),
         )
-
-
-def _register(method):
-    database().dbtune.register(method)
 
 
 class SQLNamespace:

@@ -1,0 +1,83 @@
+"""The ``egg:pyramid_dbtune#zope`` filter's forms, in process: what it
+puts in front of Zope's application for the features that are on (the
+whole filter, in a real Zope site, is in test_zope.py)."""
+
+import pytest
+import webtest
+
+from pyramid_dbtune.registry import DBTune
+from pyramid_dbtune.settings import parse
+from pyramid_dbtune.zope.ops import front
+
+TOKEN = 'the-operator-of-this-zope-site'
+
+
+class Zope:
+    """A WSGI application standing for Zope's: it keeps the environ of
+    each request it answers."""
+
+    def __init__(self):
+        self.seen = []
+
+    def __call__(self, environ, start_response):
+        self.seen.append(environ)
+        start_response('200 OK', [('Content-Type', 'text/plain')])
+        return [b'published']
+
+
+def filtered(**settings):
+    zope = Zope()
+    dbtune = DBTune(parse({f'dbtune.{k}': v for k, v in settings.items()}))
+    return zope, front(zope, dbtune)
+
+
+def test_nothing_on_is_zope_itself():
+    zope, app = filtered(**{'cache.default_time': '5'})
+    assert app is zope
+
+
+def test_the_fast_paths_alone_answer_before_zope():
+    zope, app = filtered(fast_paths='/healthz=OK')
+    app = webtest.TestApp(app)
+    assert app.get('/healthz').text == 'OK'
+    assert zope.seen == []
+    assert app.get('/folder/page').text == 'published'
+    # Straight to Zope: no Pyramid router on the way.
+    assert 'bfg.routes.route' not in zope.seen[0]
+
+
+def test_the_probes_alone_keep_zopes_requests_off_pyramid():
+    zope, app = filtered(probes='true', **{'stats.token': TOKEN})
+    app = webtest.TestApp(app)
+    answer = app.get(
+        '/_dbtune/probe/io?ms=0', headers={'X-Dbtune-Token': TOKEN}
+    )
+    assert answer.json['probe'] == 'io'
+    app.get('/_dbtune/probe/io?ms=0', status=404)  # no token
+    assert zope.seen == []
+    assert app.get('/page').text == 'published'
+    assert 'bfg.routes.route' not in zope.seen[0]
+
+
+@pytest.mark.parametrize(
+    'settings',
+    [{'server_timing': 'true'},
+     {'stats': 'true', 'stats.token': TOKEN, 'fast_paths': '/healthz=OK'}],
+)  # fmt: skip
+def test_timed_zope_requests_pass_pyramid_outside_its_transactions(settings):
+    zope, app = filtered(**settings)
+    app = webtest.TestApp(app)
+    answer = app.get('/folder/page?x=1', headers={'X-Other': 'kept'})
+    assert answer.text == 'published'
+    (environ,) = zope.seen
+    # As it came: path, query, headers; outside pyramid_tm's transaction.
+    assert environ['PATH_INFO'] == '/folder/page'
+    assert environ['QUERY_STRING'] == 'x=1'
+    assert environ['HTTP_X_OTHER'] == 'kept'
+    assert 'tm.active' not in environ
+    if 'server_timing' in settings:
+        assert answer.headers['Server-Timing'].startswith('total;dur=')
+    else:
+        assert app.get('/healthz').text == 'OK'
+        stats = app.get('/_dbtune/stats', headers={'X-Dbtune-Token': TOKEN})
+        assert stats.json['routes']['zope']['requests'] == 1
