@@ -9,6 +9,7 @@ tells what was served from the cache and what ran on the reader (a role
 of its own) or the writer."""
 
 import base64
+import http.cookies
 import json
 import os
 import signal
@@ -24,9 +25,10 @@ import pytest
 import sqlalchemy as sa
 
 from pyramid_dbtune.deploy import cli
+from pyramid_dbtune.routing.work import PIN_COOKIE
 from servers import PostgreSQL, free_port
 
-from conftest import create_tables, own, shared_settings, until
+from conftest import create_tables, own, rent_on, shared_settings, until
 
 BIN = Path(sys.executable).parent
 ROOT = Path(__file__).parents[1]
@@ -133,13 +135,17 @@ class ZopeSite:
             return False
         return True
 
-    def get(self, path, form=None, headers=None):
+    def get(self, path, form=None, headers=None, cookie=None):
         """``(status, body)`` of a GET of ``path`` (a POST of ``form``), as
-        the site's manager; the answer's ``headers`` in that dict."""
+        the site's manager, sending ``cookie``; the answer's ``headers`` in
+        that dict."""
         request = urllib.request.Request(
             f'http://127.0.0.1:{self.port}{path}',
             None if form is None else urllib.parse.urlencode(form).encode(),
-            headers={'Authorization': AUTH},
+            headers={
+                'Authorization': AUTH,
+                **({'Cookie': cookie} if cookie else {}),
+            },
         )
         try:
             with urllib.request.urlopen(request, timeout=30) as answer:
@@ -527,3 +533,43 @@ def test_a_bad_filter_stops_zope(conf, ini, error, database, tmp_path):
         conf['dbtune.url'] = database.url
     made = ZopeSite(tmp_path / 'instance', conf, ini=ini)
     assert error in made.failed()
+
+
+#: The standby of the causal reads' test replays 2 s late.
+STANDBY_OPTIONS = ('recovery_min_apply_delay=2s',)
+
+
+def test_a_client_reads_its_own_writes_from_a_late_standby(
+    streaming, tmp_path
+):
+    primary, standby = streaming
+    create_tables(primary.url)
+    until(lambda: rent_on(standby.url) == 90)
+    settings = {'dbtune.url': primary.url, 'dbtune.read_urls': standby.url}
+    one, two = (
+        ZopeSite(tmp_path / name, settings, zcml=[APP])
+        for name in ('one', 'two')
+    )
+    try:
+        for made in (one, two):
+            assert made.setup().returncode == 0
+            made.start()
+        assert one.get('/show_rent_now') == (200, '90')
+        headers = {}
+        assert one.get('/update?rent=95', headers=headers) == (200, 'done')
+        jar = http.cookies.SimpleCookie(headers['Set-Cookie'])
+        cookie = f'{PIN_COOKIE}={jar[PIN_COOKIE].value}'
+        # The writer's client sees its write; another client reads the
+        # standby, which has yet to replay it.
+        assert one.get('/show_rent_now', cookie=cookie) == (200, '95')
+        assert one.get('/show_rent_now') == (200, '90')
+        # In the other process too, past the rows it cached from the
+        # standby for the other client: ZSQL Methods' and code-first.
+        for path in ('/show_rent', '/@@code_rent'):
+            assert two.get(path) == (200, '90')
+            assert two.get(path, cookie=cookie) == (200, '95')
+            assert two.get(path) == (200, '90')  # still cached
+        assert rent_on(standby.url) == 90  # all before the replay
+    finally:
+        one.stop()
+        two.stop()

@@ -21,10 +21,13 @@ from pyramid.exceptions import ConfigurationError
 from Shared.DC.ZRDB import DA
 from Shared.DC.ZRDB.Connection import Connection
 from sqlalchemy.orm import Session
+from zope.globalrequest import getRequest
 from zope.sqlalchemy import mark_changed, register
 
 from ..registry import DBTune
 from ..routing.connect import fetch
+from ..routing.lag import NO_POSITION
+from ..routing.work import PIN_COOKIE, PIN_FOR, read_pin, sign_pin
 from ..settings import parse
 from ..sql.analysis import analyse
 from ..sql.conditions import any_row
@@ -134,6 +137,8 @@ class Database:
         rows, _ = self.dbtune.cache.get_or_fill(
             key, cache_time, tables, self._read, sql, max_rows, tables, True
         )
+        if not self._serves(rows):
+            rows = self._read(sql, max_rows, tables)
         return _answer(rows)
 
     def call(self, registered, params):
@@ -164,11 +169,18 @@ class Database:
             method,
             True,
         )
+        if not self._serves(rows):
+            rows = self._read_method(statement, bound, method, False)
         return rows
 
     def _read_method(self, statement, params, method, fill):
         return self.dbtune.router.read(
-            statement, params, method.max_rows, method.tables, fill=fill
+            statement,
+            params,
+            method.max_rows,
+            method.tables,
+            position=pin(self.dbtune.router),
+            fill=fill,
         )
 
     def _run(self, sql, max_rows):
@@ -186,7 +198,22 @@ class Database:
 
     def _read(self, sql, max_rows, tables, fill=False):
         return self.dbtune.router.read(
-            _text(sql), {}, max_rows, tables, fill=fill
+            _text(sql),
+            {},
+            max_rows,
+            tables,
+            position=pin(self.dbtune.router),
+            fill=fill,
+        )
+
+    def _serves(self, rows):
+        """Causal reads: False for cached rows read from a replica that had
+        not replayed the client's last commit (its pin)."""
+        position = pin(self.dbtune.router)
+        return (
+            not position
+            or rows.position is None
+            or rows.position.covers(position)
         )
 
     def _work(self, make):
@@ -241,10 +268,36 @@ class _Work:
                 position = router.positions and router.position()
                 if position:
                     router.wrote(self.tables, position)
+                    _pin_client(router, position)
         finally:
             if self.holds_slot:
                 self.holds_slot = False
                 self.dbtune.router.write_slots.release()
+
+
+def pin(router):
+    """Causal reads: the log position that the current request's client
+    has seen committed (its ``dbtune_pin`` cookie, as in Pyramid), which
+    its reads must see; none without one, or without causal reads."""
+    request = getRequest()
+    if not router.positions or request is None:
+        return NO_POSITION
+    return read_pin(request.cookies.get(PIN_COOKIE, ''), router.pin_key)
+
+
+def _pin_client(router, position):
+    """After a commit that ended at ``position``: its client's reads, in
+    any process, must see it (the cookie of :func:`pin`)."""
+    request = getRequest()
+    if request is not None:
+        request.response.setCookie(
+            PIN_COOKIE,
+            sign_pin(pin(router) | position, router.pin_key),
+            max_age=PIN_FOR,
+            http_only=True,
+            same_site='Lax',
+            path='/',
+        )
 
 
 def _statements(query_string):

@@ -1,13 +1,19 @@
-"""The ``egg:pyramid_dbtune#zope`` filter's forms, in process: what it
-puts in front of Zope's application for the features that are on (the
-whole filter, in a real Zope site, is in test_zope.py)."""
+"""The Zope side in process: the ``egg:pyramid_dbtune#zope`` filter's
+forms, what it puts in front of Zope's application for the features that
+are on, and the database outside a Zope request (a real Zope site is in
+test_zope.py)."""
 
 import pytest
+import transaction
 import webtest
 
+from pyramid_dbtune import SQLMethod
 from pyramid_dbtune.registry import DBTune
 from pyramid_dbtune.settings import parse
+from pyramid_dbtune.zope.connection import Database
 from pyramid_dbtune.zope.ops import front
+
+from conftest import create_tables
 
 TOKEN = 'the-operator-of-this-zope-site'
 
@@ -81,3 +87,30 @@ def test_timed_zope_requests_pass_pyramid_outside_its_transactions(settings):
         assert app.get('/healthz').text == 'OK'
         stats = app.get('/_dbtune/stats', headers={'X-Dbtune-Token': TOKEN})
         assert stats.json['routes']['zope']['requests'] == 1
+
+
+def test_a_script_outside_a_request_has_no_client_to_pin(postgresql_url):
+    # As zconsole's scripts run: no Zope request, so no pin cookie to
+    # read or set; causal reads on (read_urls on PostgreSQL).
+    create_tables(postgresql_url)
+    dbtune = DBTune(
+        parse(
+            {'dbtune.url': postgresql_url, 'dbtune.read_urls': postgresql_url}
+        )
+    )
+    assert dbtune.router.positions
+    dbtune.register(SQLMethod('get', GET, cache_time=60))
+    dbtune.register(SQLMethod('set', SET))
+    database = Database(dbtune)
+    try:
+        assert database.call(dbtune.methods['get'], {'id': 1})[0].rent == 90
+        database.call(dbtune.methods['set'], {'id': 1, 'rent': 91})
+        transaction.commit()
+        assert database.call(dbtune.methods['get'], {'id': 1})[0].rent == 91
+    finally:
+        transaction.abort()
+        dbtune.close()
+
+
+GET = 'SELECT rent FROM property WHERE id = :id'
+SET = 'UPDATE property SET rent = :rent WHERE id = :id'
