@@ -214,6 +214,7 @@ def test_a_pin_is_signed():
     assert read_pin('x.y', key) == NO_POSITION
     assert read_pin('0-x.y', key) == NO_POSITION
     assert read_pin('', key) == NO_POSITION
+    assert read_pin('0-1.\u00e9', key) == NO_POSITION  # forged, not ASCII
     for other in (
         {'dbtune.url': 'sqlite://', 'dbtune.pin_secret': 'x' * 16},
         {'dbtune.url': 'sqlite://'},  # drawn from the URL

@@ -57,8 +57,11 @@ def read_pin(value, key):
     cookie value: none for no pin, or one not signed with ``key``."""
     text, _, _ = value.partition('.')
     position = Position.parse(text)
-    if position is None or not hmac.compare_digest(
-        value, sign_pin(position, key)
+    # compare_digest refuses text that is not ASCII (a forged cookie).
+    if (
+        position is None
+        or not value.isascii()
+        or not hmac.compare_digest(value, sign_pin(position, key))
     ):
         return NO_POSITION
     return position
