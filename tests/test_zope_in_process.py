@@ -6,6 +6,7 @@ test_zope.py)."""
 import pytest
 import transaction
 import webtest
+from pyramid.exceptions import ConfigurationError
 
 from pyramid_dbtune import SQLMethod
 from pyramid_dbtune.registry import DBTune
@@ -20,13 +21,17 @@ TOKEN = 'the-operator-of-this-zope-site'
 
 class Zope:
     """A WSGI application standing for Zope's: it keeps the environ of
-    each request it answers."""
+    each request it answers; ``/moved`` is a redirect, relative, as
+    Zope's ``RESPONSE.redirect`` may give."""
 
     def __init__(self):
         self.seen = []
 
     def __call__(self, environ, start_response):
         self.seen.append(environ)
+        if environ['PATH_INFO'] == '/moved':
+            start_response('302 Found', [('Location', '/folder/')])
+            return [b'']
         start_response('200 OK', [('Content-Type', 'text/plain')])
         return [b'published']
 
@@ -40,6 +45,11 @@ def filtered(**settings):
 def test_nothing_on_is_zope_itself():
     zope, app = filtered(**{'cache.default_time': '5'})
     assert app is zope
+
+
+def test_a_permission_has_no_security_policy_in_zope():
+    with pytest.raises(ConfigurationError, match='give dbtune.stats.token'):
+        filtered(stats='true', **{'stats.permission': 'operate'})
 
 
 def test_the_fast_paths_alone_answer_before_zope():
@@ -81,12 +91,14 @@ def test_timed_zope_requests_pass_pyramid_outside_its_transactions(settings):
     assert environ['QUERY_STRING'] == 'x=1'
     assert environ['HTTP_X_OTHER'] == 'kept'
     assert 'tm.active' not in environ
+    # Its answer as it gave it, a relative Location too.
+    assert app.get('/moved', status=302).headers['Location'] == '/folder/'
     if 'server_timing' in settings:
         assert answer.headers['Server-Timing'].startswith('total;dur=')
     else:
         assert app.get('/healthz').text == 'OK'
         stats = app.get('/_dbtune/stats', headers={'X-Dbtune-Token': TOKEN})
-        assert stats.json['routes']['zope']['requests'] == 1
+        assert stats.json['routes']['zope']['requests'] == 2
 
 
 def test_a_script_outside_a_request_has_no_client_to_pin(postgresql_url):

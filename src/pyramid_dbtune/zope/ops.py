@@ -14,7 +14,8 @@ with none, Zope's application itself.
 
 from pyramid.config import Configurator
 from pyramid.exceptions import ConfigurationError
-from pyramid.wsgi import wsgiapp
+from pyramid.interfaces import IResponse
+from zope.interface import implementer
 
 from .. import fastpath, install
 from ..ops.access import PREFIX
@@ -40,6 +41,12 @@ def front(app, dbtune):
     """``app`` (Zope's application) behind what ``dbtune``'s settings turn
     on: the operator's application, the fast paths, or nothing at all."""
     parsed = dbtune.settings
+    if parsed.stats_permission is not None:
+        raise ConfigurationError(
+            'dbtune.stats.permission names a permission of a Pyramid '
+            'security policy, which a Zope site has not: give '
+            'dbtune.stats.token'
+        )
     if not (
         parsed.server_timing
         or parsed.stats
@@ -72,8 +79,32 @@ def operator_app(app, dbtune):
     )
     install(config, dbtune)
     config.add_route(ROUTE, '/*path')
-    config.add_view(wsgiapp(app), route_name=ROUTE)
+    config.add_view(_published_by(app), route_name=ROUTE)
     return config.make_wsgi_app()
+
+
+def _published_by(app):
+    def zope(request):
+        return _Answer(*request.call_application(app))
+
+    return zope
+
+
+@implementer(IResponse)
+class _Answer:
+    """Zope's answer as Zope gave it, headers and body: the timing tween
+    adds its header. (WebOb's Response, which ``pyramid.wsgi.wsgiapp``
+    gives, makes a relative ``Location`` absolute from the request's
+    scheme and host, which a proxy in front may not have passed on.)"""
+
+    def __init__(self, status, headerlist, app_iter):
+        self.status = status
+        self.headerlist = headerlist
+        self.app_iter = app_iter
+
+    def __call__(self, environ, start_response):
+        start_response(self.status, self.headerlist)
+        return self.app_iter
 
 
 def _own(request):
