@@ -93,12 +93,15 @@ def test_timed_zope_requests_pass_pyramid_outside_its_transactions(settings):
     assert 'tm.active' not in environ
     # Its answer as it gave it, a relative Location too.
     assert app.get('/moved', status=302).headers['Location'] == '/folder/'
+    # A path that is not UTF-8 is Zope's to answer too.
+    assert app.get('/%FF/page').text == 'published'
     if 'server_timing' in settings:
         assert answer.headers['Server-Timing'].startswith('total;dur=')
     else:
         assert app.get('/healthz').text == 'OK'
         stats = app.get('/_dbtune/stats', headers={'X-Dbtune-Token': TOKEN})
         assert stats.json['routes']['zope']['requests'] == 2
+        assert stats.json['requests'] == 3  # the last one matched no route
 
 
 def test_a_script_outside_a_request_has_no_client_to_pin(postgresql_url):

@@ -8,12 +8,12 @@ With any of those on, the filter is a small Pyramid application on the
 Zope process's own :class:`~pyramid_dbtune.registry.DBTune`: it answers
 ``/_dbtune/`` and the fast paths itself, and hands every other request,
 as it came, to Zope, timed and counted under the route name ``zope``.
-With only the fast paths on, it is :func:`pyramid_dbtune.fastpath.wrap`;
-with none, Zope's application itself.
+With only the fast paths or the probes on, Zope's requests go straight
+to Zope; with none, the filter is Zope's application itself.
 """
 
 from pyramid.config import Configurator
-from pyramid.exceptions import ConfigurationError
+from pyramid.exceptions import ConfigurationError, URLDecodeError
 from pyramid.interfaces import IResponse
 from zope.interface import implementer
 
@@ -78,8 +78,12 @@ def operator_app(app, dbtune):
         }
     )
     install(config, dbtune)
+    zope = _published_by(app)
     config.add_route(ROUTE, '/*path')
-    config.add_view(_published_by(app), route_name=ROUTE)
+    config.add_view(zope, route_name=ROUTE)
+    # A path that is not UTF-8 fails Pyramid's routing: Zope answers it,
+    # as it would without the filter.
+    config.add_exception_view(zope, context=URLDecodeError)
     return config.make_wsgi_app()
 
 
@@ -108,7 +112,8 @@ class _Answer:
 
 
 def _own(request):
-    return request.path_info.startswith(PREFIX)
+    # The raw path: request.path_info fails on one that is not UTF-8.
+    return request.environ['PATH_INFO'].startswith(PREFIX)
 
 
 def _split(app, ops):
