@@ -134,11 +134,20 @@ class Database:
         # stats count what writes dropped by it), the values, their types.
         values = (self.dbtune.router.key, sql, max_rows or 0)
         key = (f'zsql {name}', values, (str, str, int))
+        position = pin(self.dbtune.router)
         rows, _ = self.dbtune.cache.get_or_fill(
-            key, cache_time, tables, self._read, sql, max_rows, tables, True
+            key,
+            cache_time,
+            tables,
+            self._read,
+            sql,
+            max_rows,
+            tables,
+            position,
+            True,
         )
-        if not self._serves(rows):
-            rows = self._read(sql, max_rows, tables)
+        if not _covers(rows, position):
+            rows = self._read(sql, max_rows, tables, position)
         return _answer(rows)
 
     def call(self, registered, params):
@@ -155,8 +164,9 @@ class Database:
             if method.writes:
                 mark_changed(work.session)
             return fetch(result, method.max_rows)
+        position = pin(self.dbtune.router)
         if not registered.cache_time:
-            return self._read_method(statement, bound, method, False)
+            return self._read_method(statement, bound, method, position)
         values = method.values(params)
         key = (registered.key, values, tuple(map(type, values)))
         rows, _ = self.dbtune.cache.get_or_fill(
@@ -167,19 +177,20 @@ class Database:
             statement,
             bound,
             method,
+            position,
             True,
         )
-        if not self._serves(rows):
-            rows = self._read_method(statement, bound, method, False)
+        if not _covers(rows, position):
+            rows = self._read_method(statement, bound, method, position)
         return rows
 
-    def _read_method(self, statement, params, method, fill):
+    def _read_method(self, statement, params, method, position, fill=False):
         return self.dbtune.router.read(
             statement,
             params,
             method.max_rows,
             method.tables,
-            position=pin(self.dbtune.router),
+            position=position,
             fill=fill,
         )
 
@@ -187,7 +198,8 @@ class Database:
         writes, tables = analyse(sql)
         work = self._work(make=writes)
         if work is None:
-            return _answer(self._read(sql, max_rows, tables))
+            position = pin(self.dbtune.router)
+            return _answer(self._read(sql, max_rows, tables, position))
         if writes:
             work.wrote(tables)
         result = work.session.connection().execute(_text(sql))
@@ -196,24 +208,14 @@ class Database:
             mark_changed(work.session)
         return _answer(rows)
 
-    def _read(self, sql, max_rows, tables, fill=False):
+    def _read(self, sql, max_rows, tables, position, fill=False):
         return self.dbtune.router.read(
             _text(sql),
             {},
             max_rows,
             tables,
-            position=pin(self.dbtune.router),
+            position=position,
             fill=fill,
-        )
-
-    def _serves(self, rows):
-        """Causal reads: False for cached rows read from a replica that had
-        not replayed the client's last commit (its pin)."""
-        position = pin(self.dbtune.router)
-        return (
-            not position
-            or rows.position is None
-            or rows.position.covers(position)
         )
 
     def _work(self, make):
@@ -283,6 +285,14 @@ def pin(router):
     if not router.positions or request is None:
         return NO_POSITION
     return read_pin(request.cookies.get(PIN_COOKIE, ''), router.pin_key)
+
+
+def _covers(rows, position):
+    """Causal reads: False for cached rows read from a replica that had
+    not replayed ``position``, the client's pin."""
+    return (
+        not position or rows.position is None or rows.position.covers(position)
+    )
 
 
 def _pin_client(router, position):
