@@ -76,6 +76,12 @@ def test_bench_overhead():
     assert "reading a thread's CPU clock" in out
 
 
+def test_bench_zope_filter():
+    out = run('bench_zope_filter.py')
+    for name in ('Zope alone', 'nothing on', 'probes', 'server_timing'):
+        assert name in out
+
+
 def test_threads_vs_processes(tmp_path):
     # Starts four gunicorn servers; installs wrk when missing.
     png = tmp_path / 'chart.png'
