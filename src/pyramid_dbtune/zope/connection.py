@@ -134,21 +134,11 @@ class Database:
         # stats count what writes dropped by it), the values, their types.
         values = (self.dbtune.router.key, sql, max_rows or 0)
         key = (f'zsql {name}', values, (str, str, int))
-        position = pin(self.dbtune.router)
-        rows, _ = self.dbtune.cache.get_or_fill(
-            key,
-            cache_time,
-            tables,
-            self._read,
-            sql,
-            max_rows,
-            tables,
-            position,
-            True,
+        return _answer(
+            self._cached(
+                key, cache_time, tables, self._read, sql, max_rows, tables
+            )
         )
-        if not _covers(rows, position):
-            rows = self._read(sql, max_rows, tables, position)
-        return _answer(rows)
 
     def call(self, registered, params):
         """Call the SQL method ``registered`` (a
@@ -164,12 +154,12 @@ class Database:
             if method.writes:
                 mark_changed(work.session)
             return fetch(result, method.max_rows)
-        position = pin(self.dbtune.router)
         if not registered.cache_time:
+            position = pin(self.dbtune.router)
             return self._read_method(statement, bound, method, position)
         values = method.values(params)
         key = (registered.key, values, tuple(map(type, values)))
-        rows, _ = self.dbtune.cache.get_or_fill(
+        return self._cached(
             key,
             registered.cache_time,
             registered.tags(params),
@@ -177,11 +167,22 @@ class Database:
             statement,
             bound,
             method,
-            position,
-            True,
         )
-        if not _covers(rows, position):
-            rows = self._read_method(statement, bound, method, position)
+
+    def _cached(self, key, cache_time, tags, read, *args):
+        """The rows of ``read(*args, position, fill)`` through the cache;
+        with causal reads, read past cached rows from a replica that had
+        not replayed the client's pin (``position``)."""
+        position = pin(self.dbtune.router)
+        rows, _ = self.dbtune.cache.get_or_fill(
+            key, cache_time, tags, read, *args, position, True
+        )
+        if (
+            position
+            and rows.position is not None
+            and not rows.position.covers(position)
+        ):
+            rows = read(*args, position)
         return rows
 
     def _read_method(self, statement, params, method, position, fill=False):
@@ -285,14 +286,6 @@ def pin(router):
     if not router.positions or request is None:
         return NO_POSITION
     return read_pin(request.cookies.get(PIN_COOKIE, ''), router.pin_key)
-
-
-def _covers(rows, position):
-    """Causal reads: False for cached rows read from a replica that had
-    not replayed ``position``, the client's pin."""
-    return (
-        not position or rows.position is None or rows.position.covers(position)
-    )
 
 
 def _pin_client(router, position):
