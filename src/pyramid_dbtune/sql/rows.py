@@ -132,13 +132,19 @@ class Rows(Sequence):
     ``position``, with causal reads, is the log position of the replica
     they were read from, or an earlier one (None: read from the writer):
     a client whose pin is later does not get them from the cache.
+    ``snapshot``, on PostgreSQL, is the transaction snapshot a cache fill
+    read them in (``(xmin, xmax, running)``): which committed changes they
+    hold, and so which a listener must apply to them.
     """
 
-    __slots__ = ('columns', 'truncated', 'rowcount', 'position', '_records')
+    __slots__ = (
+        'columns', 'truncated', 'rowcount', 'position', 'snapshot',
+        '_records',
+    )  # fmt: skip
 
     def __init__(
         self, columns=(), data=(), *, truncated=False, rowcount=-1,
-        position=None,
+        position=None, snapshot=None,
     ):  # fmt: skip
         columns = tuple(columns)
         index = _index(columns)
@@ -149,6 +155,7 @@ class Rows(Sequence):
             ('truncated', bool(truncated)),
             ('rowcount', rowcount),
             ('position', position),
+            ('snapshot', snapshot),
             ('_records', records),
         ):
             object.__setattr__(self, name, value)

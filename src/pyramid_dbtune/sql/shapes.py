@@ -1,0 +1,572 @@
+"""Which rows a cached read holds, told from its text, so that a committed
+change can be applied to its rows rather than drop them.
+
+A read of one table whose WHERE (if any) is a conjunction of comparisons
+of plain columns with parameters (``=``, ``<>``, ``!=``, ``<``, ``<=``,
+``>``, ``>=``) has a :class:`ReadShape`. A change's row images (the old
+and new values of the table's watched columns) tell whether it touched
+the read's rows at all (:func:`matches`); and for three kinds of read,
+how the rows change (:func:`patch`):
+
+``rows``
+    ``SELECT`` plain columns, ``ORDER BY`` plain columns: a row leaves,
+    enters, or moves, within the first ``max_rows``.
+``count``
+    ``SELECT count(*)``: the count goes up or down.
+``groups``
+    ``SELECT`` the ``GROUP BY`` columns and ``count(*)``, ``count(c)``,
+    ``sum(c)``, ``min(c)``, ``max(c)``, ordered by the group columns.
+
+Values are compared only where every database compares them alike:
+numbers with numbers; strings of digits with the same punctuation at the
+same places (dates, times) by their characters; other strings for
+equality alone, and only where no collation could find them equal. Where
+the module cannot be sure (a string compared by a collation, a value of
+another type, a row it should hold and does not), :func:`patch` answers
+None: drop the rows.
+"""
+
+import datetime
+import decimal
+import re
+from dataclasses import dataclass
+
+from .analysis import _Reader
+from .conditions import _ACCENTS, _split, _where, _words
+
+_OPS = {'=', '<>', '!=', '<', '<=', '>', '>='}
+_FLIP = {'<': '>', '<=': '>=', '>': '<', '>=': '<='}
+_AGGREGATES = {'count', 'sum', 'min', 'max'}
+#: What a clause of a shaped read may not hold.
+_REFUSED = frozenset(
+    """join distinct having limit offset fetch for union intersect except
+    window over case select lock into returning""".split()
+)
+_NUMBERS = (int, float, decimal.Decimal)
+#: A string every collation orders as its characters: digits with the same
+#: punctuation at the same places (``2026-09-01``, ``10:30``).
+_ORDERED = re.compile(r'[0-9]+(?:[-:./ T][0-9]+)*\Z')
+_DIGIT = re.compile('[0-9]')
+
+#: :func:`compare`: unequal, but in an order the module cannot tell.
+UNEQUAL = 'unequal'
+
+
+@dataclass(frozen=True)
+class ReadShape:
+    """The rows a read of one table holds, as its text tells them."""
+
+    #: the table, as written (plain)
+    table: str
+    #: ``(column, operator, parameter)`` that every row meets
+    conditions: tuple
+    #: ``rows``, ``count``, ``groups``, or None (matched, never patched)
+    kind: str | None
+    #: each result column: ``(None, column)`` for a column's value, or
+    #: ``(aggregate, column or None)``
+    items: tuple
+    #: ``(item index, descending)`` of the ORDER BY
+    order: tuple
+    #: the columns a row image must hold to be patched in
+    columns: frozenset
+
+    @property
+    def keys(self):
+        """The columns a row image must hold to be matched: those its
+        conditions compare, and those it groups by."""
+        keys = {column for column, _, _ in self.conditions}
+        if self.kind == 'groups':
+            keys.update(c for a, c in self.items if a is None)
+        return frozenset(keys)
+
+
+def read_shape(sql, tables):
+    """The :class:`ReadShape` of a read of the one table ``tables`` holds,
+    or None."""
+    words = _words(sql)
+    if words is None or len(tables) != 1:
+        return None
+    reader = _Reader(words)
+    lower = reader.lower
+    if lower[:1] != ['select'] or _REFUSED & set(lower[1:]):
+        return None
+    try:
+        start = lower.index('from')
+    except ValueError:
+        return None
+    (table,) = tables
+    where = _where(reader)
+    after = where[0] - 1 if where else _clause_start(reader, start + 2)
+    if lower[start + 1 : start + 2] != [table] or after != start + 2:
+        return None  # a schema, an alias, a second table
+    conditions = []
+    if where is not None:
+        for run in _split(reader, *where, 'and'):
+            condition = _comparison([words[i] for i in run])
+            if condition is None:
+                return None
+            conditions.append(condition)
+        rest = where[1]
+    else:
+        rest = start + 2
+    clauses = _clauses(lower, words, rest)
+    items = _items(reader, 1, start)
+    if clauses is None or items is None:
+        return None
+    group, order_by = clauses
+    columns = {c for c, _, _ in conditions}
+    columns.update(c for _, c in items if c is not None)
+    kind, order = _kind(items, group, order_by)
+    return ReadShape(
+        table, tuple(conditions), kind, tuple(items), order,
+        frozenset(columns),
+    )  # fmt: skip
+
+
+def _clause_start(reader, i):
+    return i if i >= len(reader.words) or reader.lower[i] in (
+        'group', 'order'
+    ) else -1  # fmt: skip
+
+
+def _comparison(words):
+    """``(column, operator, parameter)`` of ``column op :parameter`` (or
+    the other way round), else None."""
+    if len(words) == 4 and words[1] + words[2] in _OPS:
+        words = [words[0], words[1] + words[2], words[3]]
+    if len(words) != 3 or words[1] not in _OPS:
+        return None
+    column, op, parameter = words
+    if column.startswith(':'):
+        column, parameter, op = parameter, column, _FLIP.get(op, op)
+    if not _plain(column) or not parameter.startswith(':'):
+        return None
+    return column.lower(), '<>' if op == '!=' else op, parameter[1:]
+
+
+def _plain(word):
+    return bool(re.match(r'[A-Za-z_][A-Za-z0-9_]*\Z', word))
+
+
+def _clauses(lower, words, i):
+    """The GROUP BY columns and the ORDER BY ``(column, descending)`` from
+    ``i`` to the end, or None for anything else there."""
+    group, order = (), ()
+    if lower[i : i + 2] == ['group', 'by']:
+        group, i = _names(lower, words, i + 2)
+        if group is None:
+            return None
+    if lower[i : i + 2] == ['order', 'by']:
+        order, i = _names(lower, words, i + 2, directions=True)
+        if order is None:
+            return None
+    return (group, order) if i == len(words) else None
+
+
+def _names(lower, words, i, directions=False):
+    names = []
+    while i < len(words) and _plain(words[i]):
+        name, i = lower[i], i + 1
+        if directions:
+            descending = lower[i : i + 1] == ['desc']
+            i += lower[i : i + 1] in (['asc'], ['desc'])
+            name = (name, descending)
+        names.append(name)
+        if lower[i : i + 1] != [',']:
+            return tuple(names), i
+        i += 1
+    return None, i
+
+
+def _items(reader, i, stop):
+    """The select list's items, each ``(aggregate or None, column or
+    None)``, or None where one is something else."""
+    items = []
+    for run in _split(reader, i, stop, ','):
+        words = [reader.lower[j] for j in run]
+        if len(words) >= 3 and words[-2] == 'as':
+            words = words[:-2]  # the name a column is given changes nothing
+        if len(words) == 1 and _plain(words[0]):
+            items.append((None, words[0]))
+        elif (
+            len(words) == 4
+            and words[0] in _AGGREGATES
+            and words[1] == '('
+            and words[3] == ')'
+            and (_plain(words[2]) or words[2:3] == ['*'])
+        ):
+            column = None if words[2] == '*' else words[2]
+            if column is None and words[0] != 'count':
+                return None
+            items.append((words[0], column))
+        else:
+            return None
+    return items
+
+
+def _kind(items, group, order_by):
+    """``(kind, order)`` of a read with ``items``, grouped by ``group``
+    and ordered by ``order_by``."""
+    plain = [c for a, c in items if a is None]
+    position = {c: n for n, (a, c) in enumerate(items) if a is None}
+    order = tuple((position.get(c), d) for c, d in order_by)
+    if any(n is None for n, _ in order):
+        return None, ()  # ordered by a column it does not show
+    if not group and len(plain) == len(items):
+        return 'rows', order
+    if not group and items == [('count', None)]:
+        return 'count', ()
+    if (
+        group
+        and sorted(plain) == sorted(group)
+        and {c for c, _ in order_by} <= set(group)
+    ):
+        return 'groups', order
+    return None, ()
+
+
+# Comparing values as every database would
+
+
+def compare(a, b):
+    """-1, 0 or 1 as ``a`` is less than, equal to or more than ``b`` in any
+    database; :data:`UNEQUAL` where they differ but their order cannot be
+    told; None where even that cannot be."""
+    a, b = _comparable(a), _comparable(b)
+    if isinstance(a, _NUMBERS) and isinstance(b, _NUMBERS):
+        return (a > b) - (a < b)
+    if not (isinstance(a, str) and isinstance(b, str)):
+        return None
+    if a == b:
+        return 0
+    if _DIGIT.sub('0', a) == _DIGIT.sub('0', b) and _ORDERED.match(a):
+        return (a > b) - (a < b)
+    if _folded(a) == _folded(b):
+        return None  # equal where a collation ignores case, accents, spaces
+    return UNEQUAL
+
+
+def _comparable(value):
+    if isinstance(value, bool):
+        return None
+    if isinstance(value, datetime.date | datetime.time):
+        return value.isoformat()
+    return value
+
+
+def _folded(text):
+    import unicodedata
+
+    text = unicodedata.normalize('NFKD', text.strip())
+    return _ACCENTS.sub('', text).casefold()
+
+
+def _holds(op, order):
+    """Whether ``value op parameter`` holds, given their :func:`compare`:
+    True, False, or None."""
+    if order is None:
+        return None
+    if op == '=':
+        return order == 0
+    if op == '<>':
+        return order != 0
+    if order == UNEQUAL:
+        return None
+    return {
+        '<': order < 0,
+        '<=': order <= 0,
+        '>': order > 0,
+        '>=': order >= 0,
+    }[op]
+
+
+def matches(shape, params, image):
+    """Whether a row of ``image`` (column: value) is among the rows a read
+    of ``shape`` with ``params`` reads: True, False, or None where it
+    cannot be told."""
+    told = True
+    for column, op, parameter in shape.conditions:
+        if column not in image:
+            return None
+        value, wanted = image[column], params[parameter]
+        if value is None or wanted is None:
+            return False  # a comparison with NULL holds for no row
+        holds = _holds(op, compare(value, wanted))
+        if holds is False:
+            return False
+        if holds is None:
+            told = False
+    return True if told else None
+
+
+# Changes
+
+
+@dataclass(frozen=True)
+class Change:
+    """A committed change of ``table``'s rows: the ``old`` images of the
+    rows it touched and their ``new`` ones (column: value, for the
+    columns watched), and ``xid``, the id of its transaction (PostgreSQL;
+    None elsewhere)."""
+
+    table: str
+    old: tuple
+    new: tuple
+    xid: int | None = None
+
+
+def touches(shape, params, change):
+    """Whether ``change`` may touch the rows of a read of ``shape`` with
+    ``params``: whether any image it tells is, or may be, one of them."""
+    return any(
+        matches(shape, params, image) is not False
+        for image in (*change.old, *change.new)
+    )
+
+
+def parse_snapshot(text):
+    """PostgreSQL's ``pg_current_snapshot()``, ``xmin:xmax:xip,...``, as
+    ``(xmin, xmax, frozenset of xip)``."""
+    xmin, xmax, xip = text.split(':')
+    return int(xmin), int(xmax), frozenset(int(x) for x in xip.split(',') if x)
+
+
+def visible(xid, snapshot):
+    """Whether the transaction ``xid`` had committed for ``snapshot``:
+    whether rows read in it hold its changes."""
+    xmin, xmax, running = snapshot
+    return xid < xmin or (xid < xmax and xid not in running)
+
+
+# Patching rows
+
+
+class _Unsure(Exception):
+    """What a patch cannot be sure of: the rows are dropped."""
+
+
+def patch(shape, rows, params, old, new, max_rows):
+    """``rows``, a read of ``shape`` with ``params`` that held at most
+    ``max_rows`` rows, as they are once rows of images ``old`` became
+    ``new``: the same object where the change does not touch them, new
+    :class:`~pyramid_dbtune.sql.rows.Rows` where it does, or None where
+    that cannot be told (drop them)."""
+    gone, came = [], []
+    for images, found in ((old, gone), (new, came)):
+        for image in images:
+            matched = matches(shape, params, image)
+            if matched is None:
+                return None
+            if matched:
+                found.append(image)
+    if not (gone or came):
+        return rows
+    if shape.kind is None:
+        return None
+    try:
+        if shape.kind == 'count':
+            return _count(rows, len(came) - len(gone))
+        types = _types(rows)
+        if shape.kind == 'rows':
+            return _rows(shape, rows, types, gone, came, max_rows)
+        return _groups(shape, rows, types, gone, came)
+    except (_Unsure, ValueError, TypeError, LookupError, ArithmeticError):
+        return None
+
+
+def _like(rows, data, truncated):
+    return type(rows)(
+        rows.columns, data, truncated=truncated, position=rows.position,
+        snapshot=rows.snapshot,
+    )  # fmt: skip
+
+
+def _count(rows, delta):
+    if len(rows) != 1 or len(rows.columns) != 1:
+        raise _Unsure
+    (value,) = rows[0]
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise _Unsure
+    return _like(rows, [(value + delta,)], False)
+
+
+def _types(rows):
+    """The type of each column's values, where rows show one."""
+    types = [None] * len(rows.columns)
+    for record in rows:
+        for n, value in enumerate(record):
+            if types[n] is None and value is not None:
+                types[n] = type(value)
+    return types
+
+
+def _as(value, kind):
+    """``value`` of a row image as the driver gave the column's values."""
+    if value is None or type(value) is kind:
+        return value
+    if kind is None:
+        raise _Unsure  # no value of the column seen: its type is unknown
+    if kind is decimal.Decimal and isinstance(value, int | str):
+        return decimal.Decimal(value)
+    if kind is int and isinstance(value, decimal.Decimal):
+        if value != value.to_integral_value():
+            raise _Unsure
+        return int(value)
+    if kind in (datetime.date, datetime.datetime) and isinstance(value, str):
+        return kind.fromisoformat(value)
+    raise _Unsure
+
+
+def _row(shape, image, types):
+    return tuple(
+        _as(image[column], kind)
+        for (_, column), kind in zip(shape.items, types, strict=True)
+    )
+
+
+def _before(shape, a, b):
+    """Whether row ``a`` comes before row ``b`` (False where they tie);
+    :class:`_Unsure` where that cannot be told."""
+    for n, descending in shape.order:
+        if a[n] is None or b[n] is None:
+            raise _Unsure  # databases put NULLs first, or last
+        order = compare(a[n], b[n])
+        if order is None or order == UNEQUAL:
+            raise _Unsure
+        if order:
+            return (order < 0) != descending
+    return False
+
+
+def _rows(shape, rows, types, gone, came, max_rows):
+    held = list(rows.tuples())
+    truncated = rows.truncated
+    window = len(held) if truncated else max_rows
+    changed = False
+    for image in gone:
+        row = _row(shape, image, types)
+        if row in held:
+            held.remove(row)
+            changed = True
+        elif not (truncated and shape.order and _before(shape, held[-1], row)):
+            raise _Unsure  # a row it should hold, and does not
+    for image in came:
+        row = _row(shape, image, types)
+        at = len(held)
+        if shape.order:
+            at = next(
+                (n for n, h in enumerate(held) if _before(shape, row, h)),
+                len(held),
+            )
+        if at == len(held) and truncated:
+            if not shape.order or not _before(shape, held[-1], row):
+                raise _Unsure  # in the window or not: a tie, or no order
+            continue  # after the rows kept
+        held.insert(at, row)
+        changed = True
+    if not changed:
+        return rows  # every row it touched comes after those kept
+    if truncated and len(held) < window:
+        raise _Unsure  # what comes next is not held
+    if window and len(held) > window:
+        del held[window:]
+        truncated = True
+    return _like(rows, held, truncated)
+
+
+def _groups(shape, rows, types, gone, came):
+    if rows.truncated or ('count', None) not in shape.items:
+        raise _Unsure
+    held = [list(r) for r in rows.tuples()]
+    keys = [n for n, (a, _) in enumerate(shape.items) if a is None]
+    floors = {}  # (group, item): the min or max removed, now unknown
+    counted = shape.items.index(('count', None))
+    for image, sign in [*((i, -1) for i in gone), *((i, 1) for i in came)]:
+        key = tuple(_as(image[shape.items[n][1]], types[n]) for n in keys)
+        group = _group(held, keys, key)
+        if group is None:
+            if sign < 0:
+                raise _Unsure  # a row it counted, in no group it holds
+            group = _new_group(shape, held, keys, key)
+        for n, (aggregate, column) in enumerate(shape.items):
+            if aggregate is not None:
+                _aggregate(
+                    group, n, aggregate, _as(image.get(column), types[n])
+                    if column else 1, sign, floors,
+                )  # fmt: skip
+        if not group[counted]:
+            # Its last row left: what comes is all it will hold.
+            _empty(shape, group, floors)
+    if floors:
+        raise _Unsure  # a min or max left a group that is still there
+    return _like(rows, [r for r in held if r[counted]], False)
+
+
+def _empty(shape, group, floors):
+    for n, (aggregate, _) in enumerate(shape.items):
+        if aggregate is not None:
+            group[n] = 0 if aggregate == 'count' else None
+            floors.pop((id(group), n), None)
+
+
+def _group(held, keys, key):
+    """The held group of ``key``; None where there is none; _Unsure where
+    one may be it under a collation."""
+    for row in held:
+        orders = [compare(row[n], k) for n, k in zip(keys, key, strict=True)]
+        if all(o == 0 for o in orders):
+            return row
+        if not any(o in (-1, 1, UNEQUAL) for o in orders):
+            raise _Unsure
+    return None
+
+
+def _new_group(shape, held, keys, key):
+    row = [None] * len(shape.items)
+    for n, k in zip(keys, key, strict=True):
+        row[n] = k
+    _empty(shape, row, {})
+    at = len(held)
+    if shape.order:
+        at = next(
+            (i for i, h in enumerate(held) if _before(shape, row, h)),
+            len(held),
+        )
+    held.insert(at, row)
+    return row
+
+
+def _aggregate(row, n, aggregate, value, sign, floors):
+    current = row[n]
+    if aggregate == 'count':
+        row[n] = current + sign * (value is not None)
+        return
+    if value is None:
+        return
+    if aggregate == 'sum':
+        if isinstance(value, float) or isinstance(current, float):
+            raise _Unsure  # a float's sum depends on the order it is made
+        row[n] = value if current is None else current + sign * value
+        return
+    lower = aggregate == 'min'
+    floor = floors.get((id(row), n))
+    if sign < 0:
+        order = compare(value, current)
+        if order is None or order == UNEQUAL or (order < 0) == lower and order:
+            raise _Unsure
+        if order == 0:  # the min (or max) left: the next is not held
+            floors[(id(row), n)] = value
+        return
+    if current is None and floor is None:
+        row[n] = value
+        return
+    order = compare(value, floor if floor is not None else current)
+    if order is None or order == UNEQUAL:
+        raise _Unsure
+    if floor is not None:
+        if order == 0 or (order < 0) == lower:
+            row[n] = value
+            del floors[(id(row), n)]
+        return
+    if order and (order < 0) == lower:
+        row[n] = value
