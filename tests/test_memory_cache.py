@@ -234,3 +234,22 @@ def test_large_arguments_do_not_outgrow_max_bytes(apps, sqlite_url):
     app = apps(sqlite_url, [SEARCH], {'dbtune.cache.max_bytes': '1MiB'})
     kept = kept_by_large_calls(app)
     assert kept <= 4 * 2**20, f'{kept / 2**20:.1f} MiB kept'
+
+
+def test_a_change_reaching_a_read_by_two_tags_is_applied_once():
+    from pyramid_dbtune.cache import Watch
+    from pyramid_dbtune.sql.shapes import Change, read_shape
+
+    shape = read_shape(
+        'SELECT id, rent FROM t WHERE id = :id AND area = :area', {'t'}
+    )
+    watch = Watch({'id', 'area'}, shape, {'id': 1, 'area': 'x'}, 10)
+    cache = MemoryCache()
+    held = Rows(('id', 'rent'), [(1, 5)], snapshot=(10, 10, frozenset()))
+    cache.get_or_fill(key('a'), 60, watch, fill, held)
+    image = {'id': 1, 'area': 'x', 'rent': 5}
+    change = Change('t', (image,), ({**image, 'rent': 6},), 11)
+    cache.invalidate({'id', 'area'}, [change])
+    value, status = cache.get_or_fill(key('a'), 60, watch, fill, None)
+    assert status == HIT and value.tuples() == ((1, 6),)
+    assert cache.patches == 1 and cache.patched == {'m\0a': 1}

@@ -6,10 +6,11 @@ from operator import itemgetter
 
 from pyramid.exceptions import ConfigurationError
 
-from .cache import MAX_EXPIRY, make_cache
+from .cache import MAX_EXPIRY, Watch, make_cache
 from .routing.engines import Router
-from .sql.conditions import any_row, told, value_tag
+from .sql.conditions import MAX_TAGGED, any_row, told, value_tag
 from .sql.method import SQLMethod
+from .sql.shapes import ReadShape
 
 #: Tags remembered for each method's calls, at the most.
 _MEMO_SIZE = 4096
@@ -30,25 +31,46 @@ class Registered:
     #: its ``(column, parameter)`` pins (``SQLMethod.pins``), where its
     #: rows are invalidated by row
     pins: tuple = ()
+    #: which rows it holds (``SQLMethod.shape``), where writes told by
+    #: row images are matched against them and patched in
+    shape: ReadShape | None = None
     _memo: dict = field(default_factory=dict, repr=False, compare=False)
 
     def __post_init__(self):
-        names = [parameter for _, parameter in self.pins] or ['']
-        object.__setattr__(self, '_values', itemgetter(*names))
+        names = [parameter for _, parameter in self.pins]
+        if self.shape is not None:
+            names = sorted({p for _, _, p in self.shape.conditions})
+        object.__setattr__(self, '_names', names)
+        object.__setattr__(self, '_values', itemgetter(*names or ['']))
 
     def tags(self, params):
         """What drops the cached rows of a call with ``params``: writes
         that touch rows whose pinned columns hold its arguments, and
         writes of its table whose rows cannot be told; its tables where
-        it has no pins, or an argument can be no tag. Remembered: this is
+        it has no pins, or an argument can be no tag. With a shape, a
+        :class:`~pyramid_dbtune.cache.Watch` of them. Remembered: this is
         the cache-hit path."""
-        if not self.pins:
-            return self.invalidated_by
-        values = self._values(params)
+        values = self._values(params) if self._names else ()
         try:
             return self._memo[values]
-        except (KeyError, TypeError):  # not yet, or unhashable
+        except KeyError:
             pass
+        except TypeError:  # unhashable: not remembered
+            return self._watch(self._tags(params), params)
+        tags = self._watch(self._tags(params), params)
+        if any(
+            isinstance(params[n], str | bytes) and len(params[n]) > MAX_TAGGED
+            for n in self._names
+        ):
+            return tags  # not kept alive here, outside max_bytes
+        if len(self._memo) >= _MEMO_SIZE:
+            self._memo.clear()
+        self._memo[values] = tags
+        return tags
+
+    def _tags(self, params):
+        if not self.pins:
+            return self.invalidated_by
         (table,) = self.invalidated_by
         tags = [any_row(table)]
         for column, parameter in self.pins:
@@ -56,10 +78,17 @@ class Registered:
             if tag is None:
                 return self.invalidated_by
             tags.append(tag)
-        if len(self._memo) >= _MEMO_SIZE:
-            self._memo.clear()
-        tags = self._memo[values] = frozenset(tags)
-        return tags
+        return frozenset(tags)
+
+    def _watch(self, tags, params):
+        if self.shape is None:
+            return tags
+        return Watch(
+            tags,
+            self.shape,
+            {name: params[name] for name in self._names},
+            self.method.max_rows,
+        )
 
 
 class DBTune:
@@ -90,6 +119,9 @@ class DBTune:
         #: table: the columns that SQL methods' reads of it are pinned by
         #: (a write of the table tells its rows by those)
         self.pinned = {}
+        #: table: the columns that cached reads of it need told, to match
+        #: a change against their conditions and patch it in
+        self.watched = {}
         #: with ``dbtune.cache.listen``, the thread that hears of changes
         #: (:class:`~pyramid_dbtune.cache.changes.Listener`)
         self.listener = None
@@ -103,13 +135,15 @@ class DBTune:
 
     def untold_writes(self):
         """``(method, table)`` of each write whose rows cannot be told
-        from its text, though reads of its table are pinned: each of its
-        writes drops every cached read of the table."""
+        from its text, though reads of its table are pinned or watched:
+        each of its writes drops every cached read of the table."""
         found = []
         for registered in self.methods.values():
             method = registered.method
             for table in sorted(method.tables or ()):
-                columns = self.pinned.get(table)
+                columns = sorted(
+                    {*self.pinned.get(table, ()), *self.watched.get(table, ())}
+                )
                 if not columns or not method.writes:
                     continue
                 if (
@@ -159,6 +193,16 @@ class DBTune:
         for column, _ in pins:
             (table,) = method.tables
             self.pinned.setdefault(table, set()).add(column)
+        shape = method.shape if invalidated_by == method.tables else None
+        if shape is not None and cache_time:
+            watched = self.watched.setdefault(shape.table, set())
+            watched.update(shape.columns)
+            # Changes are applied to the rows the process holds, where
+            # fills tell which changes they hold.
+            self.router.snapshots = (
+                self.router.dialect == 'postgresql'
+                and self.settings.cache_backend == 'memory'
+            )
         self.methods[method.name] = Registered(
-            method, cache_time, key, invalidated_by, pins
+            method, cache_time, key, invalidated_by, pins, shape
         )

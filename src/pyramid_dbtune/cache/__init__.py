@@ -10,22 +10,26 @@ A cache backend has two operations:
     :data:`WAITED` (another caller's ``fill``, awaited: single flight).
     ``tables`` names the tables the value was read from.
 
-``invalidate(tables)``
+``invalidate(tables, changes=())``
     Forget every value read from any of ``tables`` (``None``: all), and
     make sure that a ``fill`` that started before the call stores nothing.
+    ``changes`` (:class:`~pyramid_dbtune.sql.shapes.Change`) tell the rows
+    written, old and new, where known: a backend may patch the values
+    they reach instead (the in-process one does).
 
 A backend counts, in ``dropped``, the values each SQL method lost to
 writes, by ``key[0]`` (the method's key, its name first): in process, as
 they are dropped; with memcached, as a read finds its value dropped.
 """
 
-from .memory import HIT, MISS, STALE, WAITED, MemoryCache
+from .memory import HIT, MISS, STALE, WAITED, MemoryCache, Watch
 
 __all__ = [
     'HIT',
     'MISS',
     'STALE',
     'WAITED',
+    'Watch',
     'MemoryCache',
     'NullCache',
     'make_cache',
@@ -42,7 +46,7 @@ class NullCache:
     def get_or_fill(self, key, ttl, tables, fill, *args):
         return fill(*args), MISS
 
-    def invalidate(self, tables):
+    def invalidate(self, tables, changes=()):
         pass
 
 

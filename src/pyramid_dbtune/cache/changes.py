@@ -6,8 +6,10 @@ process (``dbtune.cache.listen``), which drops the cached reads it could
 have changed, by row where the reads are pinned:
 
 - PostgreSQL: statement triggers send a ``NOTIFY`` at commit, with the
-  pinned columns of the rows changed; the thread ``LISTEN`` s on a
-  connection of its own.
+  watched columns of the rows changed, old and new, and the id of their
+  transaction; the thread ``LISTEN`` s on a connection of its own. The
+  in-process cache applies the change to the rows it holds that were read
+  before it (:mod:`~pyramid_dbtune.sql.shapes`).
 - MySQL and MariaDB, which have no ``NOTIFY``: row triggers add a row to
   the table ``dbtune_changes``, in the write's transaction; the thread
   reads what is new every ``dbtune.cache.listen_every`` seconds. The
@@ -26,11 +28,13 @@ import logging
 import os
 import threading
 import time
+from decimal import Decimal
 
 import sqlalchemy as sa
 
 from ..deploy import forks
 from ..sql.conditions import any_row, value_tag
+from ..sql.shapes import Change
 from .triggers import CHANNEL, ORIGIN, tables_to_watch, watched
 
 log = logging.getLogger(__name__)
@@ -197,13 +201,24 @@ class Listener:
         cursor.close()
         dbapi_connection.commit()
 
-    def apply(self, table, rows, origin=None):
-        """Drop what a change of ``table`` to ``rows`` could have changed,
-        unless it came from ``origin``, this listener's :attr:`origin`."""
+    def apply(self, table, told, origin=None, xid=None):
+        """Drop (or patch) what a change of ``table`` could have changed,
+        unless it came from ``origin``, this listener's :attr:`origin`.
+        ``told``: ``{"old": [...], "new": [...]}``, the images of the rows
+        changed, or None where they are not told."""
         if origin is not None and origin == self.origin:
             self.own += 1
             return
-        self.dbtune.cache.invalidate(tags_of(table, rows, self.dbtune.pinned))
+        changes = ()
+        if told is None:
+            rows = None
+        else:
+            old, new = tuple(told.get('old', ())), tuple(told.get('new', ()))
+            rows = [*old, *new]
+            if table in self.dbtune.watched:
+                changes = [Change(table, old, new, xid)]
+        tags = tags_of(table, rows, self.dbtune.pinned)
+        self.dbtune.cache.invalidate(tags, changes)
         self.notices += 1
 
     def _notices(self, connection):
@@ -212,8 +227,17 @@ class Listener:
         self._connected(connection)
         while not self._stopping.is_set():
             for notice in driver.notifies(timeout=self.every, stop_after=64):
-                message = json.loads(notice.payload)
-                self.apply(message['t'], message.get('rows'), message.get('o'))
+                message = json.loads(notice.payload, parse_float=Decimal)
+                told = None
+                if 'old' in message:
+                    told = {'old': message['old'], 'new': message['new']}
+                xid = message.get('x')
+                self.apply(
+                    message['t'],
+                    told,
+                    message.get('o'),
+                    None if xid is None else int(xid),
+                )
             self._check(connection)
 
     def _changes(self, connection):
@@ -331,7 +355,11 @@ class _Changes:
                 self.seen.add(id_)
                 self.missing.discard(id_)
                 if apply is not None:
-                    changed = None if cols is None else json.loads(cols)
+                    changed = (
+                        None
+                        if cols is None
+                        else json.loads(cols, parse_float=Decimal)
+                    )
                     apply(table, changed, origin)
 
 

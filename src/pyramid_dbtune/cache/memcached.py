@@ -406,9 +406,11 @@ class MemcachedCache(ServerCalls):
 
     # Invalidating
 
-    def invalidate(self, tables):
+    def invalidate(self, tables, changes=()):
         """Bump the generations of ``tables`` (``None``: all) on every
-        server: every process's next read of a result over them misses."""
+        server: every process's next read of a result over them misses.
+        ``changes`` are not applied here: a process does not know which
+        of them an entry it did not fill holds."""
         names = [EPOCH] if tables is None else [*tables, ANY_TABLE]
         if tables is None:
             # Even the rows no write invalidates go with an unknown write

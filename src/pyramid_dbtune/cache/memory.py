@@ -14,6 +14,8 @@ from time import monotonic
 
 from ..deploy import forks
 from ..sql.analysis import ANY_TABLE
+from ..sql.conditions import any_row
+from ..sql.shapes import patch, touches, visible
 
 HIT = 'hit'
 MISS = 'miss'
@@ -54,6 +56,17 @@ def estimate_size(key, value):
     return size
 
 
+class Watch(frozenset):
+    """The tags of a read whose rows have a shape, with the shape, the
+    arguments its conditions compare with, and its ``max_rows``: a change
+    told by row images is matched against them, and patched in."""
+
+    def __new__(cls, tags, shape, params, max_rows):
+        watch = super().__new__(cls, tags)
+        watch.shape, watch.params, watch.max_rows = shape, params, max_rows
+        return watch
+
+
 class _Entry:
     __slots__ = ('value', 'expires', 'size', 'tables')
 
@@ -64,14 +77,71 @@ class _Entry:
         self.tables = tables
 
 
+def _told(watch, told, tables):
+    """The changes told of a watched read's table, or None where it must
+    be dropped: not watched, not told, or written where rows were not."""
+    shape = getattr(watch, 'shape', None)
+    if shape is None or any_row(shape.table) in tables:
+        return None
+    return told.get(shape.table)
+
+
+def _patched(watch, rows, told, tables):
+    """``rows`` of a read of ``watch`` once ``told`` changes apply: the
+    same rows, patched rows, or None (drop them)."""
+    changes = _told(watch, told, tables)
+    if changes is None:
+        return None
+    snapshot = rows.snapshot
+    for change in changes:
+        if snapshot is None or change.xid is None:
+            # Which changes the rows hold cannot be told: any that may
+            # touch them drops them.
+            if touches(watch.shape, watch.params, change):
+                return None
+        elif not visible(change.xid, snapshot):
+            rows = patch(
+                watch.shape, rows, watch.params, change.old, change.new,
+                watch.max_rows,
+            )  # fmt: skip
+            if rows is None:
+                return None
+    return rows
+
+
+def _touches(watch, told, tables):
+    """Whether ``told`` changes may touch what a fill of ``watch`` reads."""
+    changes = _told(watch, told, tables)
+    return changes is None or any(
+        touches(watch.shape, watch.params, c) for c in changes
+    )
+
+
+class _Flight:
+    """A fill under way: who waits for it, what it reads, and whether a
+    write has made what it read stale (then it stores nothing)."""
+
+    __slots__ = ('future', 'tables', 'spoiled')
+
+    def __init__(self, tables):
+        self.future = Future()
+        self.tables = tables
+        self.spoiled = False
+
+
 class MemoryCache:
     """A thread-safe, in-process cache of query results.
 
     Least recently used entries are evicted beyond ``max_entries`` entries
     or ``max_bytes`` bytes; a single value larger than ``max_bytes`` is not
     stored. Counters (``hits``, ``misses``, ``stale``, ``waited``,
-    ``evictions``, ``invalidations``, ``too_big``, ``discarded``) are plain
-    integers, read without a lock.
+    ``evictions``, ``invalidations``, ``too_big``, ``discarded``,
+    ``patches``) are plain integers, read without a lock.
+
+    A read whose ``tables`` is a :class:`~pyramid_dbtune.cache.Watch`
+    (its shape and arguments) is not dropped by a change told by row
+    images: the change is matched against its conditions, and applied to
+    its rows where :func:`~pyramid_dbtune.sql.shapes.patch` can.
     """
 
     def __init__(self, max_entries=10000, max_bytes=64 * 1024 * 1024):
@@ -80,17 +150,15 @@ class MemoryCache:
         self.bytes = 0
         self.hits = self.misses = self.stale = self.waited = 0
         self.evictions = self.invalidations = 0
-        self.too_big = self.discarded = 0
+        self.too_big = self.discarded = self.patches = 0
         #: ``key[0]`` (a SQL method's key): its entries dropped by writes
         self.dropped = {}
+        #: ``key[0]``: its entries that writes changed in place
+        self.patched = {}
         self._lock = threading.Lock()
         self._data = OrderedDict()
         self._inflight = {}
         self._by_table = {}
-        # Generations: a fill stores its value only if no table it read
-        # was invalidated while it ran (it may have read the old rows).
-        self._epoch = 0
-        self._generations = {}
         forks.renew_after_fork(self)
 
     def __len__(self):
@@ -111,33 +179,32 @@ class MemoryCache:
                 return entry.value, HIT
             flight = self._inflight.get(key)
             if flight is None:
-                flight = self._inflight[key] = (Future(), tables)
-                before = self._snapshot(tables)
+                flight = self._inflight[key] = _Flight(tables)
+                leader = True
                 self.misses += 1
             elif entry is not None:
                 self.stale += 1
                 return entry.value, STALE
             else:
                 self.waited += 1
-                before = None
-        future = flight[0]
-        if before is None:
-            return future.result(), WAITED
+                leader = False
+        if not leader:
+            return flight.future.result(), WAITED
         try:
             value = fill(*args)
             size = estimate_size(key, value)
             with self._lock:
-                if self._snapshot(tables) != before:
+                if flight.spoiled:
                     self.discarded += 1
                 elif size > self.max_bytes:
                     self.too_big += 1
                 else:
                     self._store(key, _Entry(value, now + ttl, size, tables))
         except BaseException as exc:
-            future.set_exception(exc)
+            flight.future.set_exception(exc)
             raise
         else:
-            future.set_result(value)
+            flight.future.set_result(value)
         finally:
             # Whatever happened, the next caller must not wait on this
             # fill; an invalidation may have detached it already.
@@ -146,13 +213,18 @@ class MemoryCache:
                     del self._inflight[key]
         return value, MISS
 
-    def invalidate(self, tables):
+    def invalidate(self, tables, changes=()):
+        """Drop what a write of ``tables`` (tags; None: all) could have
+        changed. ``changes`` (:class:`~pyramid_dbtune.sql.shapes.Change`)
+        tell its rows, where known: the reads they are told for are
+        matched and patched instead of dropped."""
         with self._lock:
             if tables is None:
-                self._epoch += 1
                 self.invalidations += len(self._data)
                 for key in self._data:
-                    self.dropped[key[0]] = self.dropped.get(key[0], 0) + 1
+                    self._count_drop(key)
+                for flight in self._inflight.values():
+                    flight.spoiled = True
                 self._data.clear()
                 self._by_table.clear()
                 self._inflight.clear()
@@ -160,21 +232,42 @@ class MemoryCache:
                 return
             # Results whose tables could not be told go with any write.
             tables = set(tables) | {ANY_TABLE}
+            told = {}
+            for change in changes:
+                told.setdefault(change.table, []).append(change)
+            seen = set()
             for table in tables:
-                self._generations[table] = self._generations.get(table, 0) + 1
-                for key in self._by_table.pop(table, ()):
-                    self._remove(key)
-                    self.invalidations += 1
-                    self.dropped[key[0]] = self.dropped.get(key[0], 0) + 1
+                for key in list(self._by_table.get(table, ())):
+                    if key not in seen:
+                        seen.add(key)
+                        self._apply(key, self._data[key], told, tables)
             # A fill running now may hold rows from before the write: who
             # asks from now on gets a fill of their own, not that one.
-            for key, (_, read) in list(self._inflight.items()):
-                if not tables.isdisjoint(read):
+            for key, flight in list(self._inflight.items()):
+                if not tables.isdisjoint(flight.tables) and _touches(
+                    flight.tables, told, tables
+                ):
+                    flight.spoiled = True
                     del self._inflight[key]
 
-    def _snapshot(self, tables):
-        generations = self._generations
-        return self._epoch, [generations.get(t, 0) for t in tables]
+    def _apply(self, key, entry, told, tables):
+        """Patch (or keep) the rows of ``key`` for the changes ``told``
+        of its table; drop them where that cannot be done."""
+        value = _patched(entry.tables, entry.value, told, tables)
+        if value is entry.value:
+            return
+        if value is None:
+            self._remove(key)
+            self.invalidations += 1
+            self._count_drop(key)
+            return
+        self.bytes += (size := estimate_size(key, value)) - entry.size
+        entry.size, entry.value = size, value
+        self.patches += 1
+        self.patched[key[0]] = self.patched.get(key[0], 0) + 1
+
+    def _count_drop(self, key):
+        self.dropped[key[0]] = self.dropped.get(key[0], 0) + 1
 
     def _store(self, key, entry):
         if key in self._data:
@@ -193,8 +286,7 @@ class MemoryCache:
         entry = self._data.pop(key)
         self.bytes -= entry.size
         for table in entry.tables:
-            keys = self._by_table.get(table)
-            if keys is not None:
-                keys.discard(key)
-                if not keys:
-                    del self._by_table[table]
+            keys = self._by_table[table]
+            keys.discard(key)
+            if not keys:
+                del self._by_table[table]

@@ -3,8 +3,10 @@ database by anyone: what ``dbtune triggers`` installs, and what a
 listener (:mod:`.changes`) reads.
 
 PostgreSQL: statement triggers ``NOTIFY`` on :data:`CHANNEL` at commit,
-with the pinned columns of the rows changed (their transition tables).
-MySQL and MariaDB: row triggers add a row to the table :data:`CHANNEL`.
+with the watched columns of the rows changed, old and new (their
+transition tables), and the id of their transaction. MySQL and MariaDB:
+row triggers add a row to the table :data:`CHANNEL`, with the keys of the
+row changed, old and new.
 Both send the writer's :data:`ORIGIN`, so that a listener can pass over
 what the app's own commits dropped already.
 """
@@ -22,16 +24,28 @@ ORIGIN = 'dbtune.origin'
 
 
 def tables_to_watch(dbtune):
-    """Table: its pinned columns, for every table a cached SQL method
+    """Table: ``(keys, extra)``, for every table a cached SQL method
     reads, by a plain name (a read whose tables cannot be told has none;
-    a quoted name is read as a whole by writes through the app alone)."""
+    a quoted name is read as a whole by writes through the app alone).
+    ``keys``: the columns that find which cached reads a change touches
+    (pinned, compared, grouped by); ``extra``: the columns more that
+    patching them takes (PostgreSQL sends them where they fit)."""
     tables = {}
     for registered in dbtune.methods.values():
         if registered.cache_time and not registered.method.writes:
             for table in registered.invalidated_by:
                 if PLAIN.match(table):
-                    tables[table] = sorted(dbtune.pinned.get(table, ()))
+                    tables[table] = _columns(dbtune, table)
     return dict(sorted(tables.items()))
+
+
+def _columns(dbtune, table):
+    keys = set(dbtune.pinned.get(table, ()))
+    for registered in dbtune.methods.values():
+        if registered.shape is not None and registered.shape.table == table:
+            keys |= registered.shape.keys
+    extra = dbtune.watched.get(table, set()) - keys
+    return tuple(sorted(keys)), tuple(sorted(extra))
 
 
 def _quote(engine, name):
@@ -47,39 +61,47 @@ _PG_FUNCTION = f"""
 CREATE OR REPLACE FUNCTION dbtune_changed() RETURNS trigger
 LANGUAGE plpgsql AS $dbtune$
 DECLARE
+  split int := array_position(TG_ARGV, '');
+  columns text[];
   gone jsonb;
   came jsonb;
   counted_gone int := 0;
   counted_came int := 0;
   message text;
 BEGIN
-  IF TG_OP IN ('UPDATE', 'DELETE') THEN
-    SELECT count(*), jsonb_agg(DISTINCT picked) INTO counted_gone, gone
-    FROM (SELECT (SELECT jsonb_object_agg(key, value)
-                  FROM jsonb_each(to_jsonb(o)) WHERE key = ANY(TG_ARGV))
-          AS picked FROM dbtune_old o LIMIT {MAX_ROWS + 1}) s;
-  END IF;
-  IF TG_OP IN ('UPDATE', 'INSERT') THEN
-    SELECT count(*), jsonb_agg(DISTINCT picked) INTO counted_came, came
-    FROM (SELECT (SELECT jsonb_object_agg(key, value)
-                  FROM jsonb_each(to_jsonb(n)) WHERE key = ANY(TG_ARGV))
-          AS picked FROM dbtune_new n LIMIT {MAX_ROWS + 1}) s;
-  END IF;
-  IF TG_OP <> 'TRUNCATE' AND counted_gone + counted_came = 0 THEN
-    RETURN NULL;
-  END IF;
-  IF TG_OP = 'TRUNCATE' OR TG_NARGS = 0
-     OR greatest(counted_gone, counted_came) > {MAX_ROWS} THEN
-    message := jsonb_build_object(
-      't', TG_TABLE_NAME, 'o', current_setting('{ORIGIN}', true))::text;
-  ELSE
+  -- The rows with every watched column, else with the keys alone (a
+  -- notice holds 8000 bytes), else the table alone.
+  FOR attempt IN 1..2 LOOP
+    columns := CASE WHEN attempt = 1 THEN array_remove(TG_ARGV, '')
+                    ELSE TG_ARGV[0:split - 1] END;
+    IF TG_OP IN ('UPDATE', 'DELETE') THEN
+      SELECT count(*), jsonb_agg(picked) INTO counted_gone, gone
+      FROM (SELECT (SELECT coalesce(jsonb_object_agg(key, value), '{{}}')
+                    FROM jsonb_each(to_jsonb(o)) WHERE key = ANY(columns))
+            AS picked FROM dbtune_old o LIMIT {MAX_ROWS + 1}) s;
+    END IF;
+    IF TG_OP IN ('UPDATE', 'INSERT') THEN
+      SELECT count(*), jsonb_agg(picked) INTO counted_came, came
+      FROM (SELECT (SELECT coalesce(jsonb_object_agg(key, value), '{{}}')
+                    FROM jsonb_each(to_jsonb(n)) WHERE key = ANY(columns))
+            AS picked FROM dbtune_new n LIMIT {MAX_ROWS + 1}) s;
+    END IF;
+    IF TG_OP <> 'TRUNCATE' AND counted_gone + counted_came = 0 THEN
+      RETURN NULL;
+    END IF;
+    message := NULL;
+    EXIT WHEN TG_OP = 'TRUNCATE' OR split IS NULL
+      OR greatest(counted_gone, counted_came) > {MAX_ROWS};
     message := jsonb_build_object(
       't', TG_TABLE_NAME, 'o', current_setting('{ORIGIN}', true),
-      'rows', coalesce(gone, '[]') || coalesce(came, '[]'))::text;
-    IF octet_length(message) > 7900 THEN
-      message := jsonb_build_object(
-        't', TG_TABLE_NAME, 'o', current_setting('{ORIGIN}', true))::text;
-    END IF;
+      'x', pg_current_xact_id()::text,
+      'old', coalesce(gone, '[]'), 'new', coalesce(came, '[]'))::text;
+    EXIT WHEN octet_length(message) <= 7900;
+    message := NULL;
+  END LOOP;
+  IF message IS NULL THEN
+    message := jsonb_build_object(
+      't', TG_TABLE_NAME, 'o', current_setting('{ORIGIN}', true))::text;
   END IF;
   PERFORM pg_notify('{CHANNEL}', message);
   RETURN NULL;
@@ -107,15 +129,22 @@ CREATE TABLE IF NOT EXISTS {CHANNEL} (
 ) ENGINE=InnoDB
 """
 
-_MY_EVENTS = {'insert': ('NEW',), 'update': ('OLD', 'NEW'), 'delete': ('OLD',)}
+_MY_EVENTS = {
+    'insert': ('NEW',),
+    'update': ('OLD', 'NEW'),
+    'delete': ('OLD',),
+}
 
 
 def trigger_sql(engine, tables, drop=False):
     """The statements that install (or ``drop``) the triggers of
-    ``tables`` (table: pinned columns) on ``engine``'s database."""
+    ``tables`` (table: ``(keys, extra)`` columns, as
+    :func:`tables_to_watch` tells them, or a list of keys) on ``engine``'s
+    database."""
     dialect = engine.dialect.name
     statements = []
     for table, columns in tables.items():
+        keys, extra = (columns, ()) if isinstance(columns, list) else columns
         quoted = _quote(engine, table)
         for event in _PG_EVENTS if dialect == 'postgresql' else _MY_EVENTS:
             name = (
@@ -128,7 +157,7 @@ def trigger_sql(engine, tables, drop=False):
             if drop:
                 continue
             if dialect == 'postgresql':
-                args = ', '.join(map(_literal, columns))
+                args = ', '.join(map(_literal, [*keys, '', *extra]))
                 statements.append(
                     f'CREATE TRIGGER {name} AFTER '
                     + _PG_EVENTS[event].format(t=quoted)
@@ -136,15 +165,20 @@ def trigger_sql(engine, tables, drop=False):
                     f'dbtune_changed({args})'
                 )
             else:
-                rows = ', '.join(
+                # MySQL: the keys alone (a change is matched, not patched:
+                # its transaction cannot be placed against a fill's).
+                told = (
                     'JSON_OBJECT('
                     + ', '.join(
-                        f"'{c}', {which}.{_quote(engine, c)}" for c in columns
-                    )  # fmt: skip
+                        f"'{which.lower()}', JSON_ARRAY(JSON_OBJECT("
+                        + ', '.join(
+                            f"'{c}', {which}.{_quote(engine, c)}" for c in keys
+                        )
+                        + '))'
+                        for which in _MY_EVENTS[event]
+                    )
                     + ')'
-                    for which in _MY_EVENTS[event]
                 )
-                told = f'JSON_ARRAY({rows})' if columns else 'NULL'
                 statements.append(
                     f'CREATE TRIGGER {name} AFTER {event.upper()} ON {quoted} '
                     f'FOR EACH ROW INSERT INTO {CHANNEL} (tbl, cols, origin) '

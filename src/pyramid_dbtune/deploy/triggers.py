@@ -70,6 +70,7 @@ def run(args, stdout=None, stderr=None):
             raise _Refused(str(exc)) from None
         done = 'dropped the triggers of' if args.drop else 'installed on'
         for table, columns in tables.items():
+            columns = sorted({*columns[0], *columns[1]}) if columns else ()
             told = f' (rows told by {", ".join(columns)})' if columns else ''
             stdout.write(f'dbtune triggers: {done} {table}{told}\n')
         return 0
@@ -82,7 +83,8 @@ def run(args, stdout=None, stderr=None):
 
 
 def _what(args, closers):
-    """The engine and the tables (table: pinned columns) to work on."""
+    """The engine and the tables (table: ``(keys, extra)`` columns) to
+    work on."""
     from ..cache import triggers
     from ..sql.conditions import PLAIN
 
@@ -100,7 +102,7 @@ def _what(args, closers):
             raise _Refused('--url needs --tables: the tables to watch')
         engine = create_engine(args.url)
         closers.append(engine.dispose)
-        return engine, {t: [] for t in sorted(set(named))}
+        return engine, dict.fromkeys(sorted(set(named)), ((), ()))
     from pyramid.paster import bootstrap
 
     env = bootstrap(args.config_uri)
@@ -109,7 +111,7 @@ def _what(args, closers):
     closers.append(dbtune.close)
     tables = triggers.tables_to_watch(dbtune)
     for table in named:
-        tables.setdefault(table, [])
+        tables.setdefault(table, ((), ()))
     if not tables:
         raise _Refused(
             'no cached SQL method reads a table by name: there is nothing '

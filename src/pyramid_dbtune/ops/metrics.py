@@ -24,7 +24,7 @@ RECENT = 1000
 CACHE_COUNTERS = (
     'hits', 'misses', 'stale', 'waited', 'evictions', 'invalidations',
     'errors', 'rejected', 'too_big', 'discarded', 'unencodable',
-    'near_hits',
+    'near_hits', 'patches',
 )  # fmt: skip
 #: The router's counters: metric name, help, and its attribute.
 DATABASE = (
@@ -117,6 +117,11 @@ def make_metrics(registry):
             'Cached values of a SQL method dropped by writes',
             'method',
         ),
+        'patched': counter(
+            'dbtune_cache_patched',
+            'Cached values of a SQL method changed in place by writes',
+            'method',
+        ),
         'untold': counter(
             'dbtune_untold_writes',
             'Writes whose rows could not be told, by SQL method',
@@ -160,19 +165,25 @@ def cache_counters(cache):
     } or {'hits': 0, 'misses': 0}
 
 
+_FIGURES = ('dropped', 'patched', 'untold_writes')
+
+
 def method_figures(dbtune):
     """SQL method: ``dropped``, its cached values lost to writes (with
-    memcached, as this process's reads found them), and ``untold_writes``,
-    its writes whose rows could not be told (``ORM <table>`` for
-    flushes); for the methods with either."""
+    memcached, as this process's reads found them), ``patched``, those
+    that writes changed in place (in process), and ``untold_writes``, its
+    writes whose rows could not be told (``ORM <table>`` for flushes);
+    for the methods with any."""
     figures = {}
-    for key, count in list(getattr(dbtune.cache, 'dropped', {}).items()):
-        name = key.split('\0', 1)[0]
-        figures.setdefault(name, {'dropped': 0, 'untold_writes': 0})
-        figures[name]['dropped'] += count
+    cache = dbtune.cache
+    for figure in ('dropped', 'patched'):
+        for key, count in list(getattr(cache, figure, {}).items()):
+            name = key.split('\0', 1)[0]
+            figures.setdefault(name, dict.fromkeys(_FIGURES, 0))
+            figures[name][figure] += count
     untold = dbtune.router.untold if dbtune.router is not None else {}
     for name, count in list(untold.items()):
-        figures.setdefault(name, {'dropped': 0, 'untold_writes': 0})
+        figures.setdefault(name, dict.fromkeys(_FIGURES, 0))
         figures[name]['untold_writes'] = count
     return dict(sorted(figures.items()))
 

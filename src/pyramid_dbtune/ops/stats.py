@@ -300,6 +300,8 @@ class Stats:
         for name, figures in method_figures(self.dbtune).items():
             self._carry(metrics['dropped'].labels(method=name),
                         figures['dropped'])  # fmt: skip
+            self._carry(metrics['patched'].labels(method=name),
+                        figures['patched'])  # fmt: skip
             self._carry(metrics['untold'].labels(method=name),
                         figures['untold_writes'])  # fmt: skip
         for event, value in listener_figures(self.dbtune).items():

@@ -22,9 +22,10 @@ READ_ONLY_STATEMENTS = {
 }
 
 
-def fetch(result, max_rows, position=None):
+def fetch(result, max_rows, position=None, snapshot=None):
     """Read a SQLAlchemy result into :class:`Rows`, keeping ``max_rows``;
-    ``position``: the replica's log position it was read at, at least."""
+    ``position``: the replica's log position it was read at, at least;
+    ``snapshot``: the snapshot it was read in."""
     if not result.returns_rows:
         return Rows(rowcount=result.rowcount)
     columns = tuple(result.keys())
@@ -36,7 +37,10 @@ def fetch(result, max_rows, position=None):
         result.close()
     else:
         data = result.fetchall()
-    return Rows(columns, data, truncated=truncated, position=position)
+    return Rows(
+        columns, data, truncated=truncated, position=position,
+        snapshot=snapshot,
+    )  # fmt: skip
 
 
 #: How each driver is told to give up connecting, by its name, and how

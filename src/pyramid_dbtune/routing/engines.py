@@ -20,6 +20,7 @@ from sqlalchemy.exc import DBAPIError
 
 from ..deploy import forks
 from ..sql.analysis import ANY_TABLE
+from ..sql.shapes import parse_snapshot
 from .connect import READ_ONLY_STATEMENTS, fetch, make_engine, make_read_only
 from .errors import (
     WriteSlotTimeout,
@@ -120,6 +121,9 @@ class Router:
             and settings.causal_reads
             and self.dialect in ('postgresql', 'mysql')
         )
+        #: PostgreSQL: cache fills tell the snapshot they read in (set
+        #: where the cache applies changes to the rows it holds).
+        self.snapshots = False
         #: What causal pins are signed with.
         self.pin_key = pin_key(settings)
         self.lag_watch = (
@@ -230,7 +234,9 @@ class Router:
         if reader is None:
             if not writer:
                 self.failovers += 1
-            return self._read_on(self.writer, statement, params, max_rows)
+            return self._read_on(
+                self.writer, statement, params, max_rows, fill
+            )
         # With causal reads, the rows are stamped with where the reader
         # was, at least, before they were read.
         read_at = (reader.position or NO_POSITION) if self.positions else None
@@ -242,7 +248,7 @@ class Router:
             else:
                 try:
                     rows = self._read_with(
-                        connection, statement, params, max_rows, read_at
+                        connection, statement, params, max_rows, read_at, fill
                     )
                 except DBAPIError as exc:
                     if not exc.connection_invalidated:
@@ -256,7 +262,7 @@ class Router:
                 reader.in_flight -= 1
         self._down(reader, failed)
         self.failovers += 1
-        return self._read_on(self.writer, statement, params, max_rows)
+        return self._read_on(self.writer, statement, params, max_rows, fill)
 
     def _replayed_now(self, position):
         """The least busy reader up and near, if it has replayed
@@ -282,7 +288,7 @@ class Router:
             reader.position = seen | (reader.position or NO_POSITION)
         return seen.covers(position)
 
-    def _read_on(self, engine, statement, params, max_rows):
+    def _read_on(self, engine, statement, params, max_rows, fill=False):
         """A read on the writer, made read-only for the read alone."""
         self.writer_reads += 1
         with engine.connect() as connection:
@@ -291,17 +297,38 @@ class Router:
             if self._read_only:
                 connection.exec_driver_sql(self._read_only)
             try:
-                return fetch(connection.execute(statement, params), max_rows)
+                snapshot = self._snapshot(connection, fill)
+                return fetch(
+                    connection.execute(statement, params), max_rows,
+                    snapshot=snapshot,
+                )  # fmt: skip
             finally:
                 if self._writable:
                     connection.exec_driver_sql(self._writable)
 
-    def _read_with(self, connection, statement, params, max_rows, read_at):
+    def _read_with(
+        self, connection, statement, params, max_rows, read_at, fill=False
+    ):
         """A read on a reader's connection (read-only already)."""
         with connection:
+            snapshot = self._snapshot(connection, fill)
             return fetch(
-                connection.execute(statement, params), max_rows, read_at
-            )
+                connection.execute(statement, params), max_rows, read_at,
+                snapshot,
+            )  # fmt: skip
+
+    def _snapshot(self, connection, fill):
+        """For a cache fill, where changes are applied to cached rows
+        (:attr:`snapshots`): the snapshot the read will see, fixed for its
+        transaction (REPEATABLE READ), so that a change is applied to its
+        rows exactly when they do not hold it already."""
+        if not (fill and self.snapshots):
+            return None
+        connection.execution_options(isolation_level='REPEATABLE READ')
+        text = connection.exec_driver_sql(
+            'SELECT pg_current_snapshot()::text'
+        ).scalar()
+        return parse_snapshot(text)
 
     def _reader_error(self, reader, context):
         """``handle_error`` on a reader: one that cannot be reached is

@@ -24,6 +24,7 @@ from zope.sqlalchemy import mark_changed, register
 
 from ..convert import whole_number
 from ..sql.conditions import any_row, told, value_tag
+from ..sql.shapes import Change
 from .connect import fetch
 from .errors import (
     WriteSlotTimeout,
@@ -91,6 +92,9 @@ class UnitOfWork:
         self._session = self._reader = None
         self._tables = set()
         self._tags = set()
+        self._changes = []
+        self._unimaged = set()
+        self._transaction_id = None
         self._all_tables = False
         self._committed_writes = False
         pin = request.cookies.get(PIN_COOKIE, '')
@@ -159,11 +163,15 @@ class UnitOfWork:
         if session is not None and session.autoflush:
             session.flush()
 
-    def begin_write(self, tables, what, tags=None):
+    def begin_write(self, tables, what, tags=None, imaged=False):
         """Note a write of ``tables`` (``None``: unknown) in the current
         transaction, taking a write slot if this is its first write.
         ``tags``: the rows it touched, as :mod:`~pyramid_dbtune.sql.
-        conditions` tags them (``None``: they cannot be told)."""
+        conditions` tags them (``None``: they cannot be told); ``imaged``:
+        their images are told too, else the reads of ``tables`` they
+        reach are dropped, not patched."""
+        if not imaged:
+            self._unimaged.update(tables or ())
         if not self.dirty:
             try:
                 txn = self.request.tm.get()
@@ -215,7 +223,9 @@ class UnitOfWork:
     def execute(self, method, statement, params):
         """Run a SQL method's statement in the transaction's session."""
         if method.writes:
-            self.begin_write(method.tables, f'SQL method {method.name}()', ())
+            self.begin_write(
+                method.tables, f'SQL method {method.name}()', (), True
+            )
             self.router.writes += 1
         session = self.session
         if method.writes and method.tables:
@@ -229,18 +239,26 @@ class UnitOfWork:
 
     def _touched(self, method, params, session):
         """The tags of the rows a SQL method's write touches, before and
-        after: its WHERE run as a SELECT of the pinned columns, first, and
-        what it sets them to. Nothing where no read of its table is
-        pinned; where they cannot be told, the tag that drops every read
-        of its table."""
-        pinned = self.request.registry.dbtune.pinned
+        after: its WHERE run as a SELECT of the watched columns, first,
+        and what it sets them to. Nothing where no read of its table is
+        pinned or watched; where they cannot be told, the tag that drops
+        every read of its table. The rows, as they were and will be, are
+        kept for the commit (:class:`~pyramid_dbtune.sql.shapes.Change`).
+        """
+        dbtune = self.request.registry.dbtune
+        pinned, watched = dbtune.pinned, dbtune.watched
         if len(method.tables) > 1:  # its rows are not told
-            tags = [any_row(t) for t in method.tables if t in pinned]
+            tags = [
+                any_row(t)
+                for t in method.tables
+                if t in pinned or t in watched
+            ]
             self.count_untold(method.name, tags)
             return tags
         (table,) = method.tables
         shape = method.write_shape
-        columns = sorted(pinned.get(table, ()))
+        keys = sorted(pinned.get(table, ()))
+        columns = sorted(set(keys) | watched.get(table, set()))
         if not columns:
             return ()
         if (
@@ -254,7 +272,7 @@ class UnitOfWork:
             c: params.get(shape.sets[c]) for c in columns if c in shape.sets
         }
         if shape.where is None:  # an INSERT
-            rows = [new]
+            old, rows = [], [new]
         else:
             # Locked: the rows as the write will find them, which no other
             # transaction changes before it does (a plain SELECT reads
@@ -264,23 +282,48 @@ class UnitOfWork:
                 f'{ROWS_TOLD}SELECT {", ".join(columns)} FROM {shape.table} '
                 f'WHERE {shape.where}{lock}'
             )
-            old = (
+            found = (
                 session.execute(
                     select, params, execution_options={'dbtune_routed': True}
                 )
                 .mappings()
                 .fetchmany(MAX_ROWS_TOLD + 1)
             )
+            old = [dict(row) for row in found]
             rows = old if len(old) <= MAX_ROWS_TOLD else None
             if rows and new:
                 rows = [*old, *({**row, **new} for row in old)]
         tags = {
-            value_tag(table, c, row[c]) for row in rows or () for c in columns
+            value_tag(table, c, row[c]) for row in rows or () for c in keys
         }
         if rows is None or None in tags:
             self.count_untold(method.name, True)
             return (any_row(table),)
+        if table in watched:
+            self._changes.append(
+                Change(
+                    table,
+                    tuple(old),
+                    tuple(rows[len(old) :] if shape.where else rows),
+                    self._xid(session),
+                )
+            )
         return tags
+
+    def _xid(self, session):
+        """PostgreSQL, with cache fills that tell their snapshot: the id of
+        the transaction, so that a change is applied to the rows read
+        before it and only those."""
+        if not self.router.snapshots:
+            return None
+        if self._transaction_id is None:
+            self._transaction_id = int(
+                session.execute(
+                    sa.text('SELECT pg_current_xact_id()::text'),
+                    execution_options={'dbtune_routed': True},
+                ).scalar()
+            )
+        return self._transaction_id
 
     def count_untold(self, name, tags):
         """Count a write of ``name`` whose rows were not told, where it
@@ -306,7 +349,15 @@ class UnitOfWork:
         # tell its position, say: transaction logs a hook's error).
         try:
             if committed:
-                self.cache.invalidate(None if self._all_tables else self._tags)
+                if self._all_tables:
+                    self.cache.invalidate(None)
+                else:
+                    changes = [
+                        c
+                        for c in self._changes
+                        if c.table not in self._unimaged
+                    ]
+                    self.cache.invalidate(self._tags, changes)
                 position = self.router.positions and self.router.position()
                 if position:
                     self._pin_position(position)
@@ -361,6 +412,9 @@ class UnitOfWork:
                 self._session.bind = self._engine()
         self._tables = set()
         self._tags = set()
+        self._changes = []
+        self._unimaged = set()
+        self._transaction_id = None
         self._all_tables = False
 
     def _release_at_the_end(self, request):

@@ -17,7 +17,7 @@ from pathlib import Path
 from sqlalchemy import bindparam, text
 
 from ..convert import as_bool
-from . import analysis, conditions
+from . import analysis, conditions, shapes
 from .analysis import ANY_TABLE
 
 _SCALARS = (
@@ -167,6 +167,13 @@ class SQLMethod:
             if told and invalidate and not self.writes and self.tables
             else ()
         )
+        #: Which rows it holds (:mod:`.shapes`): a committed change is
+        #: matched against them, and applied to them where it can be.
+        self.shape = (
+            self._shape(sql)
+            if told and invalidate and not self.writes and self.tables
+            else None
+        )
         #: How this write finds the rows it touches, or None.
         self.write_shape = (
             self._write_shape(sql)
@@ -188,6 +195,11 @@ class SQLMethod:
 
     def _pins(self, sql):
         return conditions.read_pins(sql, self.tables)
+
+    def _shape(self, sql):
+        if self.list_params:
+            return None
+        return shapes.read_shape(sql, self.tables)
 
     def _write_shape(self, sql):
         if len(self.tables) != 1:

@@ -165,6 +165,9 @@ class ZSQLMethod(SQLMethod):
     def _write_shape(self, sql):
         return None
 
+    def _shape(self, sql):
+        return None
+
     def _analyse(self, sql):
         if self._glued is None:
             return analysis.analyse_any(self._variants)
