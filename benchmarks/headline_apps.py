@@ -12,9 +12,10 @@ them today: a dogpile.cache region in memcached, for the searches' cache
 time (30 s), no invalidation.
 
 ``tuned_app`` is the demo itself (``examples/accommodation``) with
-pyramid_dbtune set up as its docs advise: cached SQL methods in
-memcached, invalidated by row on every write, through the app or not
-(``dbtune.cache.listen``), a read pool apart from the writer, and the
+pyramid_dbtune set up as its docs advise: cached SQL methods in each
+process, kept fresh by every write, through the app or not
+(``dbtune.cache.listen``): a change is applied to the rows held where it
+can be, else drops them; a read pool apart from the writer, and the
 health check on the fast path.
 
 ``ceiling_app`` serves the same pages on the same stack with every query
@@ -46,7 +47,6 @@ from accommodation.views import render_page, search_params, update_params
 
 #: Sent as X-Admin-Token with every update, in both forms.
 ADMIN_TOKEN = 'headline-admin-token'
-SECRET = 'the headline benchmark secret, not for production'
 
 
 def url():
@@ -413,9 +413,10 @@ def tuned_app(global_config=None, **settings):
         **{
             'dbtune.url': url(),
             'dbtune.cache.listen': 'true',
-            'dbtune.cache.backend': 'memcached',
-            'dbtune.cache.servers': os.environ['DBTUNE_HEADLINE_MEMCACHED'],
-            'dbtune.cache.secret': SECRET,
+            # Each process keeps the rows it read, and applies to them
+            # every change committed, through the app or not: the rows are
+            # never dropped by a change that can be patched in.
+            'dbtune.cache.backend': 'memory',
             'dbtune.fast_paths': (
                 '/healthz=python:pyramid_dbtune.fastpath:deep_check'
             ),
