@@ -210,8 +210,8 @@ class Listener:
             self.own += 1
             return
         changes = ()
-        if told is None:
-            rows = None
+        if told is None or isinstance(told, list):
+            rows = told  # not told, or by a trigger made before images
         else:
             old, new = tuple(told.get('old', ())), tuple(told.get('new', ()))
             rows = [*old, *new]

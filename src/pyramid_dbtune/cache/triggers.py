@@ -77,14 +77,16 @@ BEGIN
     IF TG_OP IN ('UPDATE', 'DELETE') THEN
       SELECT count(*), jsonb_agg(picked) INTO counted_gone, gone
       FROM (SELECT (SELECT coalesce(jsonb_object_agg(key, value), '{{}}')
-                    FROM jsonb_each(to_jsonb(o)) WHERE key = ANY(columns))
-            AS picked FROM dbtune_old o LIMIT {MAX_ROWS + 1}) s;
+                    FROM jsonb_each(to_jsonb(dbtune_o))
+                    WHERE key = ANY(columns))
+            AS picked FROM dbtune_old dbtune_o LIMIT {MAX_ROWS + 1}) s;
     END IF;
     IF TG_OP IN ('UPDATE', 'INSERT') THEN
       SELECT count(*), jsonb_agg(picked) INTO counted_came, came
       FROM (SELECT (SELECT coalesce(jsonb_object_agg(key, value), '{{}}')
-                    FROM jsonb_each(to_jsonb(n)) WHERE key = ANY(columns))
-            AS picked FROM dbtune_new n LIMIT {MAX_ROWS + 1}) s;
+                    FROM jsonb_each(to_jsonb(dbtune_n))
+                    WHERE key = ANY(columns))
+            AS picked FROM dbtune_new dbtune_n LIMIT {MAX_ROWS + 1}) s;
     END IF;
     IF TG_OP <> 'TRUNCATE' AND counted_gone + counted_came = 0 THEN
       RETURN NULL;
@@ -94,7 +96,7 @@ BEGIN
       OR greatest(counted_gone, counted_came) > {MAX_ROWS};
     message := jsonb_build_object(
       't', TG_TABLE_NAME, 'o', current_setting('{ORIGIN}', true),
-      'x', pg_current_xact_id()::text,
+      'x', pg_current_xact_id()::text, 'u', gen_random_uuid(),
       'old', coalesce(gone, '[]'), 'new', coalesce(came, '[]'))::text;
     EXIT WHEN octet_length(message) <= 7900;
     message := NULL;

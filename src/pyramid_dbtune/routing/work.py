@@ -94,7 +94,7 @@ class UnitOfWork:
         self._tags = set()
         self._changes = []
         self._unimaged = set()
-        self._transaction_id = None
+        self._told = None
         self._all_tables = False
         self._committed_writes = False
         pin = request.cookies.get(PIN_COOKIE, '')
@@ -228,11 +228,18 @@ class UnitOfWork:
             )
             self.router.writes += 1
         session = self.session
+        self._told = None
         if method.writes and method.tables:
             self._tags.update(self._touched(method, params, session))
         result = session.execute(
             statement, params, execution_options={'dbtune_routed': True}
         )
+        if self._told is not None:
+            table, found = self._told
+            if result.rowcount not in (-1, found):
+                # Rows committed between the SELECT and the write met its
+                # WHERE too: which, is not known.
+                self._tags.add(any_row(table))
         if method.writes:
             self.session_wrote(session)
         return fetch(result, method.max_rows)
@@ -273,6 +280,7 @@ class UnitOfWork:
         }
         if shape.where is None:  # an INSERT
             old, rows = [], [new]
+            self._told = (table, 1)
         else:
             # Locked: the rows as the write will find them, which no other
             # transaction changes before it does (a plain SELECT reads
@@ -291,7 +299,8 @@ class UnitOfWork:
             )
             old = [dict(row) for row in found]
             rows = old if len(old) <= MAX_ROWS_TOLD else None
-            if rows and new:
+            self._told = (table, len(old))
+            if rows and shape.sets:  # an UPDATE: the rows as they will be
                 rows = [*old, *({**row, **new} for row in old)]
         tags = {
             value_tag(table, c, row[c]) for row in rows or () for c in keys
@@ -300,30 +309,17 @@ class UnitOfWork:
             self.count_untold(method.name, True)
             return (any_row(table),)
         if table in watched:
+            # Matched, not patched: the values a write stores may differ
+            # from those it was given (rounding, padding, defaults,
+            # triggers). The database's own notice tells them.
             self._changes.append(
                 Change(
                     table,
                     tuple(old),
                     tuple(rows[len(old) :] if shape.where else rows),
-                    self._xid(session),
                 )
             )
         return tags
-
-    def _xid(self, session):
-        """PostgreSQL, with cache fills that tell their snapshot: the id of
-        the transaction, so that a change is applied to the rows read
-        before it and only those."""
-        if not self.router.snapshots:
-            return None
-        if self._transaction_id is None:
-            self._transaction_id = int(
-                session.execute(
-                    sa.text('SELECT pg_current_xact_id()::text'),
-                    execution_options={'dbtune_routed': True},
-                ).scalar()
-            )
-        return self._transaction_id
 
     def count_untold(self, name, tags):
         """Count a write of ``name`` whose rows were not told, where it
@@ -414,7 +410,6 @@ class UnitOfWork:
         self._tags = set()
         self._changes = []
         self._unimaged = set()
-        self._transaction_id = None
         self._all_tables = False
 
     def _release_at_the_end(self, request):

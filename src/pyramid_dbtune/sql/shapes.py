@@ -234,15 +234,22 @@ def compare(a, b):
     told; None where even that cannot be."""
     a, b = _comparable(a), _comparable(b)
     if isinstance(a, _NUMBERS) and isinstance(b, _NUMBERS):
-        return (a > b) - (a < b)
+        if isinstance(a, float) or isinstance(b, float):
+            a, b = float(a), float(b)  # as the database compares them
+        try:
+            return (a > b) - (a < b)
+        except ArithmeticError:  # a NaN
+            return None
     if not (isinstance(a, str) and isinstance(b, str)):
         return None
     if a == b:
         return 0
     if _DIGIT.sub('0', a) == _DIGIT.sub('0', b) and _ORDERED.match(a):
         return (a > b) - (a < b)
-    if _folded(a) == _folded(b):
-        return None  # equal where a collation ignores case, accents, spaces
+    if _DIGIT.search(a) or _DIGIT.search(b) or _folded(a) == _folded(b):
+        # Equal where a collation ignores case, accents or spaces, or
+        # where they are a date or a time written two ways.
+        return None
     return UNEQUAL
 
 
@@ -369,7 +376,7 @@ def patch(shape, rows, params, old, new, max_rows):
         types = _types(rows)
         if shape.kind == 'rows':
             return _rows(shape, rows, types, gone, came, max_rows)
-        return _groups(shape, rows, types, gone, came)
+        return _groups(shape, rows, types, gone, came, max_rows)
     except (_Unsure, ValueError, TypeError, LookupError, ArithmeticError):
         return None
 
@@ -474,7 +481,7 @@ def _rows(shape, rows, types, gone, came, max_rows):
     return _like(rows, held, truncated)
 
 
-def _groups(shape, rows, types, gone, came):
+def _groups(shape, rows, types, gone, came, max_rows):
     if rows.truncated or ('count', None) not in shape.items:
         raise _Unsure
     held = [list(r) for r in rows.tuples()]
@@ -491,7 +498,7 @@ def _groups(shape, rows, types, gone, came):
         for n, (aggregate, column) in enumerate(shape.items):
             if aggregate is not None:
                 _aggregate(
-                    group, n, aggregate, _as(image.get(column), types[n])
+                    group, n, aggregate, _as(image[column], types[n])
                     if column else 1, sign, floors,
                 )  # fmt: skip
         if not group[counted]:
@@ -499,7 +506,10 @@ def _groups(shape, rows, types, gone, came):
             _empty(shape, group, floors)
     if floors:
         raise _Unsure  # a min or max left a group that is still there
-    return _like(rows, [r for r in held if r[counted]], False)
+    kept = [r for r in held if r[counted]]
+    if max_rows and len(kept) > max_rows:
+        raise _Unsure  # which groups max_rows keeps: not told here
+    return _like(rows, kept, False)
 
 
 def _empty(shape, group, floors):
@@ -546,7 +556,9 @@ def _aggregate(row, n, aggregate, value, sign, floors):
     if aggregate == 'sum':
         if isinstance(value, float) or isinstance(current, float):
             raise _Unsure  # a float's sum depends on the order it is made
-        row[n] = value if current is None else current + sign * value
+        if sign < 0:
+            raise _Unsure  # the last value leaving makes it NULL, not 0
+        row[n] = value if current is None else current + value
         return
     lower = aggregate == 'min'
     floor = floors.get((id(row), n))
