@@ -1,11 +1,13 @@
 """Which rows a cached read holds, from its text; how a change of rows
-matches it and is applied to it (``pyramid_dbtune.sql.shapes``)."""
+matches it and is applied to it (``pyramid_dbtune.sql.shapes``,
+``pyramid_dbtune.sql.patch``)."""
 
 import datetime
 from decimal import Decimal
 
 import pytest
 
+from pyramid_dbtune.sql.patch import patch
 from pyramid_dbtune.sql.rows import Rows
 from pyramid_dbtune.sql.shapes import (
     UNEQUAL,
@@ -13,7 +15,6 @@ from pyramid_dbtune.sql.shapes import (
     compare,
     matches,
     parse_snapshot,
-    patch,
     read_shape,
     touches,
     visible,

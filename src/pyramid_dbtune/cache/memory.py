@@ -15,7 +15,8 @@ from time import monotonic
 from ..deploy import forks
 from ..sql.analysis import ANY_TABLE
 from ..sql.conditions import any_row
-from ..sql.shapes import patch, touches, visible
+from ..sql.patch import patch
+from ..sql.shapes import touches, visible
 
 HIT = 'hit'
 MISS = 'miss'
@@ -141,7 +142,7 @@ class MemoryCache:
     A read whose ``tables`` is a :class:`~pyramid_dbtune.cache.Watch`
     (its shape and arguments) is not dropped by a change told by row
     images: the change is matched against its conditions, and applied to
-    its rows where :func:`~pyramid_dbtune.sql.shapes.patch` can.
+    its rows where :func:`~pyramid_dbtune.sql.patch.patch` can.
     """
 
     def __init__(self, max_entries=10000, max_bytes=64 * 1024 * 1024):

@@ -1,0 +1,246 @@
+"""A committed change applied to the rows a cached read holds: the rows
+as they are once it is made, or None where that cannot be told (then the
+rows are dropped). The reads, their shapes and how values compare are
+:mod:`.shapes`'.
+"""
+
+import datetime
+import decimal
+
+from .shapes import UNEQUAL, compare, matches
+
+
+class _Unsure(Exception):
+    """What a patch cannot be sure of: the rows are dropped."""
+
+
+def patch(shape, rows, params, old, new, max_rows):
+    """``rows``, a read of ``shape`` with ``params`` that held at most
+    ``max_rows`` rows, as they are once rows of images ``old`` became
+    ``new``: the same object where the change does not touch them, new
+    :class:`~pyramid_dbtune.sql.rows.Rows` where it does, or None where
+    that cannot be told (drop them)."""
+    gone, came = [], []
+    for images, found in ((old, gone), (new, came)):
+        for image in images:
+            matched = matches(shape, params, image)
+            if matched is None:
+                return None
+            if matched:
+                found.append(image)
+    if not (gone or came):
+        return rows
+    if shape.kind is None:
+        return None
+    try:
+        if shape.kind == 'count':
+            return _count(rows, len(came) - len(gone))
+        types = _types(rows)
+        if shape.kind == 'rows':
+            return _rows(shape, rows, types, gone, came, max_rows)
+        return _groups(shape, rows, types, gone, came, max_rows)
+    except (_Unsure, ValueError, TypeError, LookupError, ArithmeticError):
+        return None
+
+
+def _like(rows, data, truncated):
+    return type(rows)(
+        rows.columns, data, truncated=truncated, position=rows.position,
+        snapshot=rows.snapshot,
+    )  # fmt: skip
+
+
+def _count(rows, delta):
+    if len(rows) != 1 or len(rows.columns) != 1:
+        raise _Unsure
+    (value,) = rows[0]
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise _Unsure
+    return _like(rows, [(value + delta,)], False)
+
+
+def _types(rows):
+    """The type of each column's values, where rows show one."""
+    types = [None] * len(rows.columns)
+    for record in rows:
+        for n, value in enumerate(record):
+            if types[n] is None and value is not None:
+                types[n] = type(value)
+    return types
+
+
+def _as(value, kind):
+    """``value`` of a row image as the driver gave the column's values."""
+    if value is None or type(value) is kind:
+        return value
+    if kind is None:
+        raise _Unsure  # no value of the column seen: its type is unknown
+    if kind is decimal.Decimal and isinstance(value, int | str):
+        return decimal.Decimal(value)
+    if kind is int and isinstance(value, decimal.Decimal):
+        if value != value.to_integral_value():
+            raise _Unsure
+        return int(value)
+    if kind in (datetime.date, datetime.datetime) and isinstance(value, str):
+        return kind.fromisoformat(value)
+    raise _Unsure
+
+
+def _row(shape, image, types):
+    return tuple(
+        _as(image[column], kind)
+        for (_, column), kind in zip(shape.items, types, strict=True)
+    )
+
+
+def _before(shape, a, b):
+    """Whether row ``a`` comes before row ``b`` (False where they tie);
+    :class:`_Unsure` where that cannot be told."""
+    for n, descending in shape.order:
+        if a[n] is None or b[n] is None:
+            raise _Unsure  # databases put NULLs first, or last
+        order = compare(a[n], b[n])
+        if order is None or order == UNEQUAL:
+            raise _Unsure
+        if order:
+            return (order < 0) != descending
+    return False
+
+
+def _rows(shape, rows, types, gone, came, max_rows):
+    held = list(rows.tuples())
+    truncated = rows.truncated
+    window = len(held) if truncated else max_rows
+    changed = False
+    for image in gone:
+        row = _row(shape, image, types)
+        if row in held:
+            held.remove(row)
+            changed = True
+        elif not (truncated and shape.order and _before(shape, held[-1], row)):
+            raise _Unsure  # a row it should hold, and does not
+    for image in came:
+        row = _row(shape, image, types)
+        at = len(held)
+        if shape.order:
+            at = next(
+                (n for n, h in enumerate(held) if _before(shape, row, h)),
+                len(held),
+            )
+        if at == len(held) and truncated:
+            if not shape.order or not _before(shape, held[-1], row):
+                raise _Unsure  # in the window or not: a tie, or no order
+            continue  # after the rows kept
+        held.insert(at, row)
+        changed = True
+    if not changed:
+        return rows  # every row it touched comes after those kept
+    if truncated and len(held) < window:
+        raise _Unsure  # what comes next is not held
+    if window and len(held) > window:
+        del held[window:]
+        truncated = True
+    return _like(rows, held, truncated)
+
+
+def _groups(shape, rows, types, gone, came, max_rows):
+    if rows.truncated or ('count', None) not in shape.items:
+        raise _Unsure
+    held = [list(r) for r in rows.tuples()]
+    keys = [n for n, (a, _) in enumerate(shape.items) if a is None]
+    floors = {}  # (group, item): the min or max removed, now unknown
+    counted = shape.items.index(('count', None))
+    for image, sign in [*((i, -1) for i in gone), *((i, 1) for i in came)]:
+        key = tuple(_as(image[shape.items[n][1]], types[n]) for n in keys)
+        group = _group(held, keys, key)
+        if group is None:
+            if sign < 0:
+                raise _Unsure  # a row it counted, in no group it holds
+            group = _new_group(shape, held, keys, key)
+        for n, (aggregate, column) in enumerate(shape.items):
+            if aggregate is not None:
+                _aggregate(
+                    group, n, aggregate, _as(image[column], types[n])
+                    if column else 1, sign, floors,
+                )  # fmt: skip
+        if not group[counted]:
+            # Its last row left: what comes is all it will hold.
+            _empty(shape, group, floors)
+    if floors:
+        raise _Unsure  # a min or max left a group that is still there
+    kept = [r for r in held if r[counted]]
+    if max_rows and len(kept) > max_rows:
+        raise _Unsure  # which groups max_rows keeps: not told here
+    return _like(rows, kept, False)
+
+
+def _empty(shape, group, floors):
+    for n, (aggregate, _) in enumerate(shape.items):
+        if aggregate is not None:
+            group[n] = 0 if aggregate == 'count' else None
+            floors.pop((id(group), n), None)
+
+
+def _group(held, keys, key):
+    """The held group of ``key``; None where there is none; _Unsure where
+    one may be it under a collation."""
+    for row in held:
+        orders = [compare(row[n], k) for n, k in zip(keys, key, strict=True)]
+        if all(o == 0 for o in orders):
+            return row
+        if not any(o in (-1, 1, UNEQUAL) for o in orders):
+            raise _Unsure
+    return None
+
+
+def _new_group(shape, held, keys, key):
+    row = [None] * len(shape.items)
+    for n, k in zip(keys, key, strict=True):
+        row[n] = k
+    _empty(shape, row, {})
+    at = len(held)
+    if shape.order:
+        at = next(
+            (i for i, h in enumerate(held) if _before(shape, row, h)),
+            len(held),
+        )
+    held.insert(at, row)
+    return row
+
+
+def _aggregate(row, n, aggregate, value, sign, floors):
+    current = row[n]
+    if aggregate == 'count':
+        row[n] = current + sign * (value is not None)
+        return
+    if value is None:
+        return
+    if aggregate == 'sum':
+        if isinstance(value, float) or isinstance(current, float):
+            raise _Unsure  # a float's sum depends on the order it is made
+        if sign < 0:
+            raise _Unsure  # the last value leaving makes it NULL, not 0
+        row[n] = value if current is None else current + value
+        return
+    lower = aggregate == 'min'
+    floor = floors.get((id(row), n))
+    if sign < 0:
+        order = compare(value, current)
+        if order is None or order == UNEQUAL or (order < 0) == lower and order:
+            raise _Unsure
+        if order == 0:  # the min (or max) left: the next is not held
+            floors[(id(row), n)] = value
+        return
+    if current is None and floor is None:
+        row[n] = value
+        return
+    order = compare(value, floor if floor is not None else current)
+    if order is None or order == UNEQUAL:
+        raise _Unsure
+    if floor is not None:
+        if order == 0 or (order < 0) == lower:
+            row[n] = value
+            del floors[(id(row), n)]
+        return
+    if order and (order < 0) == lower:
+        row[n] = value
