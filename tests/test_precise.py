@@ -503,8 +503,14 @@ def test_a_change_already_read_is_not_applied_twice(postgresql_url, apps):
     hold it already (the fill's snapshot says so)."""
     from pyramid_dbtune.sql.shapes import Change
 
-    app = apps(postgresql_url, METHODS)
+    listen = {'dbtune.cache.listen': 'true'}  # fills tell their snapshot
+    app = apps(postgresql_url, METHODS, listen)
     dbtune = app.app.registry.dbtune
+    # Listening first: on connecting, it drops what was read before.
+    assert dbtune.listener.listening.wait(10)
+    assert dbtune.router.snapshots
+    deaf = apps(postgresql_url, METHODS, tables=False)
+    assert not deaf.app.registry.dbtune.router.snapshots
     engine = sa.create_engine(postgresql_url)
     with engine.begin() as connection:
         connection.exec_driver_sql(

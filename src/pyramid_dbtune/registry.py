@@ -197,11 +197,14 @@ class DBTune:
         if shape is not None and cache_time:
             watched = self.watched.setdefault(shape.table, set())
             watched.update(shape.columns)
-            # Changes are applied to the rows the process holds, where
-            # fills tell which changes they hold.
+            # Changes the database tells are applied to the rows the
+            # process holds, where fills tell which changes they hold. The
+            # app's own writes are matched, never applied: without the
+            # listener, a fill's snapshot would serve nothing.
             self.router.snapshots = (
                 self.router.dialect == 'postgresql'
                 and self.settings.cache_backend == 'memory'
+                and self.settings.cache_listen
             )
         self.methods[method.name] = Registered(
             method, cache_time, key, invalidated_by, pins, shape
