@@ -535,31 +535,78 @@ def test_an_app_without_a_database_closes():
     assert config.registry.dbtune.router is None
 
 
-def test_the_apps_own_writes_are_passed_over_by_its_cache(server_url, apps):
-    """A write through the app dropped its rows from the app's cache at
-    commit: its listener passes over the change. Another process, whose
-    cache is its own, drops them on hearing it. The stats count both."""
+def test_the_apps_own_writes_reach_every_process(server_url, apps):
+    """On PostgreSQL, the listener applies the app's own writes to its
+    cache as it applies anyone's: the write's commit waits until it has,
+    so that the request's next read is fresh, and a hit. On MariaDB, the
+    commit dropped their rows: its listener passes over the change.
+    Another process, whose cache is its own, hears it too. The stats
+    count both."""
     app = listening(server_url, apps)
     stats = {'dbtune.stats': 'true', 'dbtune.stats.token': 'x' * 16}
     other = apps(server_url, METHODS, {**LISTEN, **stats}, tables=False)
     assert other.app.registry.dbtune.listener.listening.wait(10)
     mine = app.app.registry.dbtune.listener
+    call(app, *READS)
     call(other, *READS)
     wait = heard(other)
     call(app, ('set_rent', {'id': 1, 'rent': 93}))
+    postgresql = server_url.startswith('postgresql')  # else dropped
+    # No wait: the commit returned once its change was applied here.
+    mine_hits = [call(app, read)['cache']['hit'] for read in READS]
+    assert mine_hits == ([1] * 6 if postgresql else [0, 1, 1, 0, 1, 0])
+    found = call(app, ('get', {'id': 1}))['results'][0]['rows']
+    assert found == [[1, 'Headingley', 93]]
     wait()
     hits = [call(other, read)['cache']['hit'] for read in READS]
-    patched = server_url.startswith('postgresql')  # else dropped
-    assert hits == ([1] * 6 if patched else [0, 1, 1, 0, 1, 0])
+    assert hits == ([1] * 6 if postgresql else [0, 1, 1, 0, 1, 0])
     deadline = time.monotonic() + 10
     while mine.own < 1:
         assert time.monotonic() < deadline
         time.sleep(0.01)
-    assert mine.notices == 0
+    assert (mine.notices, mine.late) == (1 if postgresql else 0, 0)
     figures = other.app.registry.dbtune.stats.snapshot()['cache']
     assert figures['changes_heard'] == 1 and figures['changes_own'] == 0
     metrics = other.app.registry.dbtune.stats.exposition()[0].decode()
     assert 'dbtune_changes_total{event="changes_heard"} 1.0' in metrics
+
+
+def test_an_own_commit_not_heard_of_in_time_drops_its_rows(
+    postgresql_url, apps, monkeypatch
+):
+    """Where the listener does not hear of the app's commit in time, the
+    commit drops the reads it may have changed itself, as it would
+    without a listener: its next read is fresh all the same."""
+    app = listening(postgresql_url, apps)
+    listener = app.app.registry.dbtune.listener
+    monkeypatch.setattr(changes, 'SETTLE_WITHIN', 0)
+    call(app, *READS)
+    call(app, ('set_rent', {'id': 1, 'rent': 93}))
+    assert listener.late == 1
+    hits = [call(app, read)['cache']['hit'] for read in READS]
+    assert hits == [0, 1, 1, 0, 1, 0]
+    found = call(app, ('get', {'id': 1}))['results'][0]['rows']
+    assert found == [[1, 'Headingley', 93]]
+
+
+def test_an_own_commit_that_fails_waits_for_nothing(postgresql_url, apps):
+    """A commit that fails after its token went: nothing is dropped, and
+    nothing waited for."""
+    book = {'name': 'book', 'sql': 'INSERT INTO booking VALUES (:id)'}
+    app = listening(postgresql_url, apps, methods=[*METHODS, book])
+    listener = app.app.registry.dbtune.listener
+    outside(
+        postgresql_url,
+        'CREATE TABLE booking (property_id INTEGER REFERENCES property (id) '
+        'DEFERRABLE INITIALLY DEFERRED)',
+    )
+    call(app, *READS)
+    # The foreign key is checked at COMMIT, after both writes succeeded.
+    with pytest.raises(sa.exc.IntegrityError):
+        call(app, ('set_rent', {'id': 1, 'rent': 95}), ('book', {'id': 999}))
+    hits = [call(app, read)['cache']['hit'] for read in READS]
+    assert hits == [1] * 6 and listener.late == 0
+    assert app.app.registry.dbtune.cache.invalidations == 0
 
 
 def test_a_change_told_by_a_trigger_made_before_images_drops_by_row(

@@ -46,7 +46,7 @@ class NullCache:
     def get_or_fill(self, key, ttl, tables, fill, *args):
         return fill(*args), MISS
 
-    def invalidate(self, tables, changes=()):
+    def invalidate(self, tables, changes=(), later=frozenset()):
         pass
 
 

@@ -20,6 +20,11 @@ have changed, by row where the reads are pinned:
 
 Having lost its connection, the thread drops every cached result once it
 is back: what changed meanwhile is not known.
+
+On PostgreSQL with the in-process cache, the app's own commits are
+applied by the thread too, as anyone's are: the commit leaves the rows it
+changed to it, and waits until the thread has heard of it (see
+:meth:`Listener.expect`).
 """
 
 import hashlib
@@ -28,6 +33,7 @@ import logging
 import os
 import threading
 import time
+import uuid
 from decimal import Decimal
 
 import sqlalchemy as sa
@@ -48,6 +54,9 @@ KEEP_CHANGES = 3600
 #: MySQL: seconds a transaction may have been open, holding a change, when
 #: a listener connects, for the listener to wait for it.
 OPEN_FOR = 60
+#: Seconds a commit of the app waits for the listener to apply it, at the
+#: most; then it drops what it changed itself.
+SETTLE_WITHIN = 0.5
 
 
 def tags_of(table, rows, pinned):
@@ -90,11 +99,16 @@ class Listener:
         self.every = settings.cache_listen_every
         self.dialect = self.engine.dialect.name
         sa.event.listen(dbtune.router.writer, 'connect', self._mark)
-        #: Notices applied, passed over (the app's own writes, dropped at
-        #: their commit), connections made, connections lost or not made,
-        #: and times every cached result was dropped.
+        #: Notices applied; of them, the app's own writes (passed over
+        #: where their commit dropped what they changed); connections
+        #: made, connections lost or not made; times every cached result
+        #: was dropped; commits of the app not heard of in time.
         self.notices = self.own = 0
-        self.connects = self.failures = self.drops = 0
+        self.connects = self.failures = self.drops = self.late = 0
+        #: The tables that have the package's triggers, as last connected.
+        self.triggered = frozenset()
+        self._expected = {}
+        self._expected_lock = threading.Lock()
         #: MySQL: what was read of the changes (a :class:`_Changes`).
         self.changes = None
         #: Set while the thread is connected and listening.
@@ -166,9 +180,8 @@ class Listener:
                     'pyramid_dbtune: hears of changes again; every cached '
                     'result was dropped'
                 )
-        missing = sorted(
-            set(tables_to_watch(self.dbtune)) - watched(connection)
-        )
+        self.triggered = frozenset(watched(connection))
+        missing = sorted(set(tables_to_watch(self.dbtune)) - self.triggered)
         if missing:
             log.warning(
                 'pyramid_dbtune: no triggers tell of changes to %s: run '
@@ -201,14 +214,65 @@ class Listener:
         cursor.close()
         dbapi_connection.commit()
 
+    @property
+    def applies_own(self):
+        """Whether the app's own changes are applied as they are heard,
+        rather than dropped at their commit: where the in-process cache
+        holds reads with a shape, and fills tell their snapshots
+        (PostgreSQL)."""
+        return self.dbtune.router.snapshots
+
+    def applies(self, tables):
+        """Which of ``tables``, written by this process, this listener
+        applies the changes of: those with triggers, while it listens,
+        where it applies the app's own changes (:attr:`applies_own`)."""
+        if not (self.applies_own and self.listening.is_set()):
+            return frozenset()
+        return self.triggered.intersection(tables)
+
+    def expect(self):
+        """A token for a commit of the app to send before it commits (a
+        notice after its changes', :data:`~.triggers.CHANNEL`); wait for
+        it to be heard with :meth:`settle`."""
+        token = uuid.uuid4().hex
+        with self._expected_lock:
+            self._expected[token] = threading.Event()
+        return token
+
+    def settle(self, token):
+        """Wait for ``token`` (:meth:`expect`): true once this listener
+        has applied what came before it, false if it was not heard of
+        within :data:`SETTLE_WITHIN` seconds."""
+        with self._expected_lock:
+            heard = self._expected[token]
+        settled = heard.wait(SETTLE_WITHIN)
+        self.forget(token)
+        if not settled:
+            self.late += 1
+        return settled
+
+    def forget(self, token):
+        """Wait no more for ``token``: its commit did not happen."""
+        with self._expected_lock:
+            self._expected.pop(token, None)
+
+    def _heard(self, token):
+        with self._expected_lock:
+            heard = self._expected.get(token)
+        if heard is not None:
+            heard.set()
+
     def apply(self, table, told, origin=None, xid=None):
-        """Drop (or patch) what a change of ``table`` could have changed,
-        unless it came from ``origin``, this listener's :attr:`origin`.
+        """Drop (or patch) what a change of ``table`` could have changed.
+        A change from ``origin``, this listener's :attr:`origin`, that its
+        commit dropped is passed over: one that tells its transaction
+        (``xid``) is applied where the cache :attr:`applies_own`.
         ``told``: ``{"old": [...], "new": [...]}``, the images of the rows
         changed, or None where they are not told."""
         if origin is not None and origin == self.origin:
             self.own += 1
-            return
+            if xid is None or not self.applies_own:
+                return
         changes = ()
         if told is None or isinstance(told, list):
             rows = told  # not told, or by a trigger made before images
@@ -228,6 +292,9 @@ class Listener:
         while not self._stopping.is_set():
             for notice in driver.notifies(timeout=self.every, stop_after=64):
                 message = json.loads(notice.payload, parse_float=Decimal)
+                if 's' in message:  # a commit of an app, heard of
+                    self._heard(message['s'])
+                    continue
                 told = None
                 if 'old' in message:
                     told = {'old': message['old'], 'new': message['new']}

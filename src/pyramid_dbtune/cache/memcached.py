@@ -406,11 +406,12 @@ class MemcachedCache(ServerCalls):
 
     # Invalidating
 
-    def invalidate(self, tables, changes=()):
+    def invalidate(self, tables, changes=(), later=frozenset()):
         """Bump the generations of ``tables`` (``None``: all) on every
         server: every process's next read of a result over them misses.
-        ``changes`` are not applied here: a process does not know which
-        of them an entry it did not fill holds."""
+        ``changes`` are not applied here, and ``later`` is for the
+        in-process cache alone: a process does not know which changes an
+        entry it did not fill holds."""
         names = [EPOCH] if tables is None else [*tables, ANY_TABLE]
         if tables is None:
             # Even the rows no write invalidates go with an unknown write

@@ -78,6 +78,12 @@ class _Entry:
         self.tables = tables
 
 
+def _table(watch):
+    """The table of a read with a shape; None for another read."""
+    shape = getattr(watch, 'shape', None)
+    return None if shape is None else shape.table
+
+
 def _told(watch, told, tables):
     """The changes told of a watched read's table, or None where it must
     be dropped: not watched, not told, or written where rows were not."""
@@ -214,11 +220,14 @@ class MemoryCache:
                     del self._inflight[key]
         return value, MISS
 
-    def invalidate(self, tables, changes=()):
+    def invalidate(self, tables, changes=(), later=frozenset()):
         """Drop what a write of ``tables`` (tags; None: all) could have
         changed. ``changes`` (:class:`~pyramid_dbtune.sql.shapes.Change`)
         tell its rows, where known: the reads they are told for are
-        matched and patched instead of dropped."""
+        matched and patched instead of dropped. The reads with a shape of
+        the tables in ``later``, and their fills, are left as they are:
+        the listener applies the write's changes to them as it hears of
+        them."""
         with self._lock:
             if tables is None:
                 self.invalidations += len(self._data)
@@ -241,12 +250,16 @@ class MemoryCache:
                 for key in list(self._by_table.get(table, ())):
                     if key not in seen:
                         seen.add(key)
-                        self._apply(key, self._data[key], told, tables)
+                        entry = self._data[key]
+                        if _table(entry.tables) not in later:
+                            self._apply(key, entry, told, tables)
             # A fill running now may hold rows from before the write: who
             # asks from now on gets a fill of their own, not that one.
             for key, flight in list(self._inflight.items()):
-                if not tables.isdisjoint(flight.tables) and _touches(
-                    flight.tables, told, tables
+                if (
+                    not tables.isdisjoint(flight.tables)
+                    and _table(flight.tables) not in later
+                    and _touches(flight.tables, told, tables)
                 ):
                     flight.spoiled = True
                     del self._inflight[key]

@@ -195,6 +195,7 @@ LISTENER = (
     ('listener_connects', 'connects'),
     ('listener_failures', 'failures'),
     ('listener_dropped_all', 'drops'),
+    ('listener_late', 'late'),
 )
 
 

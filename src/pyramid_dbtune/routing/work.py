@@ -9,7 +9,10 @@ transaction ends, and runs in the request's session on the writer, which
 joins ``request.tm`` through zope.sqlalchemy. From then on every read of
 the request runs there too: it sees its own writes, and is neither served
 from nor stored in the cache. After a commit the cached results of the
-tables written are invalidated; an abort invalidates nothing.
+tables written are invalidated; an abort invalidates nothing. Where the
+listener applies the app's own changes to the cached rows (PostgreSQL,
+the in-process cache), the commit leaves the reads of the tables it wrote
+to it, and returns once the listener has heard of it.
 """
 
 import hashlib
@@ -22,6 +25,7 @@ import sqlalchemy as sa
 import transaction.interfaces
 from zope.sqlalchemy import mark_changed, register
 
+from ..cache.triggers import CHANNEL
 from ..convert import whole_number
 from ..sql.conditions import any_row, told, value_tag
 from ..sql.shapes import Change
@@ -97,6 +101,10 @@ class UnitOfWork:
         self._told = None
         self._all_tables = False
         self._committed_writes = False
+        #: The tables whose changes the listener applies, and the token
+        #: this commit waits for (:meth:`Listener.expect`).
+        self._later = frozenset()
+        self._token = None
         pin = request.cookies.get(PIN_COOKIE, '')
         if router.positions:
             self.position = read_pin(pin, router.pin_key)
@@ -189,6 +197,7 @@ class UnitOfWork:
             self.dirty = True  # and the slot is held until the end
             self.router.write_transactions += 1
             txn.set_data(self.router, self)
+            txn.addBeforeCommitHook(self._before_commit)
             txn.addAfterCommitHook(self._after_commit)
             txn.addAfterAbortHook(self._finish)
             self.request.add_finished_callback(self._release_at_the_end)
@@ -340,9 +349,29 @@ class UnitOfWork:
         # transaction would be rolled back at commit time.
         mark_changed(session, transaction_manager=self.request.tm)
 
+    def _before_commit(self):
+        """Where the listener applies this process's changes to the
+        cached rows, leave those of the tables written to it: send, last
+        in the transaction, the token it will have heard of once it has
+        applied them all."""
+        listener = self.request.registry.dbtune.listener
+        if listener is None or self._all_tables:
+            return
+        self.session.flush()  # the ORM's changes before the token's
+        later = listener.applies(self._tables)
+        if later:
+            token = listener.expect()
+            self.session.execute(
+                sa.text('SELECT pg_notify(:channel, :message)'),
+                {'channel': CHANNEL, 'message': f'{{"s": "{token}"}}'},
+                execution_options={'dbtune_routed': True},
+            )
+            self._later, self._token = later, token
+
     def _after_commit(self, committed):
         # The slot goes back whatever happens here (the writer failing to
         # tell its position, say: transaction logs a hook's error).
+        token = dropped = None
         try:
             if committed:
                 if self._all_tables:
@@ -353,7 +382,9 @@ class UnitOfWork:
                         for c in self._changes
                         if c.table not in self._unimaged
                     ]
-                    self.cache.invalidate(self._tags, changes)
+                    self.cache.invalidate(self._tags, changes, self._later)
+                    dropped = self._tags, changes
+                token, self._token = self._token, None
                 position = self.router.positions and self.router.position()
                 if position:
                     self._pin_position(position)
@@ -363,6 +394,11 @@ class UnitOfWork:
                     self._pin()
         finally:
             self._finish()
+        # The slot given back, wait for the listener to apply what the
+        # commit left to it; not heard of in time, drop what it changed.
+        listener = self.request.registry.dbtune.listener
+        if token is not None and not listener.settle(token):
+            self.cache.invalidate(*dropped)
 
     def _pin_position(self, position):
         """Causal reads: the client's reads from now on must see
@@ -411,6 +447,10 @@ class UnitOfWork:
         self._changes = []
         self._unimaged = set()
         self._all_tables = False
+        self._later = frozenset()
+        if self._token is not None:  # sent, but not committed
+            self.request.registry.dbtune.listener.forget(self._token)
+            self._token = None
 
     def _release_at_the_end(self, request):
         # A transaction left open past its request would hold its slot,
