@@ -124,6 +124,8 @@ def test_values_are_compared_only_where_every_database_agrees():
     assert compare('Leeds', 'leeds ') is None  # equal in MySQL's collation
     assert compare('1', 1) is None
     assert compare(True, 1) is None
+    assert compare(1, True) is None and compare(1, 1) == 0  # not mixed up
+    assert compare([1], [1]) is None  # an array column, as JSON tells it
 
 
 def test_a_row_matches_a_read_when_it_meets_every_condition():

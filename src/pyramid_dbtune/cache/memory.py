@@ -275,8 +275,11 @@ class MemoryCache:
             self.invalidations += 1
             self._count_drop(key)
             return
-        self.bytes += (size := estimate_size(key, value)) - entry.size
-        entry.size, entry.value = size, value
+        if len(value) != len(entry.value):  # as many rows: much the same
+            size = estimate_size(key, value)
+            self.bytes += size - entry.size
+            entry.size = size
+        entry.value = value
         self.patches += 1
         self.patched[key[0]] = self.patched.get(key[0], 0) + 1
 

@@ -66,6 +66,8 @@ def _types(rows):
         for n, value in enumerate(record):
             if types[n] is None and value is not None:
                 types[n] = type(value)
+        if None not in types:
+            break
     return types
 
 

@@ -27,6 +27,7 @@ another type), a change is taken to touch the rows.
 
 import datetime
 import decimal
+import functools
 import re
 from dataclasses import dataclass
 
@@ -231,6 +232,13 @@ def compare(a, b):
     """-1, 0 or 1 as ``a`` is less than, equal to or more than ``b`` in any
     database; :data:`UNEQUAL` where they differ but their order cannot be
     told; None where even that cannot be."""
+    try:
+        return _remembered(a, b)
+    except TypeError:  # unhashable: a JSON array, say
+        return _compare(a, b)
+
+
+def _compare(a, b):
     a, b = _comparable(a), _comparable(b)
     if isinstance(a, _NUMBERS) and isinstance(b, _NUMBERS):
         if isinstance(a, float) or isinstance(b, float):
@@ -250,6 +258,12 @@ def compare(a, b):
         # where they are a date or a time written two ways.
         return None
     return UNEQUAL
+
+
+#: A change is compared with the arguments of every read it may touch:
+#: the same few pairs of values, over and over (a value of each type apart:
+#: 1, 1.0 and True differ here).
+_remembered = functools.lru_cache(maxsize=4096, typed=True)(_compare)
 
 
 def _comparable(value):
@@ -278,12 +292,13 @@ def _holds(op, order):
         return order != 0
     if order == UNEQUAL:
         return None
-    return {
-        '<': order < 0,
-        '<=': order <= 0,
-        '>': order > 0,
-        '>=': order >= 0,
-    }[op]
+    if op == '<':
+        return order < 0
+    if op == '<=':
+        return order <= 0
+    if op == '>':
+        return order > 0
+    return order >= 0  # '>='; the parser reads no other
 
 
 def matches(shape, params, image):
