@@ -253,3 +253,34 @@ def test_a_change_reaching_a_read_by_two_tags_is_applied_once():
     value, status = cache.get_or_fill(key('a'), 60, watch, fill, None)
     assert status == HIT and value.tuples() == ((1, 6),)
     assert cache.patches == 1 and cache.patched == {'m\0a': 1}
+
+
+def test_changes_apply_when_a_read_is_next_asked_for():
+    """A change is noted against the reads it may touch, and applied to
+    one when it is next asked for: in order, with those after it. Too
+    many changes waiting, and the rows are dropped instead."""
+    from pyramid_dbtune.cache import Watch
+    from pyramid_dbtune.cache.memory import MAX_PENDING
+    from pyramid_dbtune.sql.shapes import Change, read_shape
+
+    shape = read_shape('SELECT count(*) FROM t WHERE area = :area', {'t'})
+    watch = Watch({'area'}, shape, {'area': 'x'}, 0)
+    cache = MemoryCache()
+    held = Rows(('count',), [(5,)], snapshot=(10, 10, frozenset()))
+    for name in ('a', 'b'):
+        cache.get_or_fill(key(name), 60, watch, fill, held)
+    image = {'area': 'x'}
+    for xid in range(11, 14):  # three rows come
+        cache.invalidate({'area'}, [Change('t', (), (image,), xid)])
+    assert cache.patches == 0  # nothing asked for them yet
+    value, status = cache.get_or_fill(key('a'), 60, watch, fill, None)
+    assert status == HIT and value.tuples() == ((8,),)
+    assert cache.patches == 1
+    elsewhere = {'area': 'y'}  # told by tag, but not one of its rows
+    for xid in range(14, 14 + MAX_PENDING):
+        cache.invalidate({'area'}, [Change('t', (), (elsewhere,), xid)])
+    # 'a' has 64 changes waiting, 'b' had 67: it was dropped.
+    value, status = cache.get_or_fill(key('a'), 60, watch, fill, held)
+    assert status == HIT and value.tuples() == ((8,),)
+    assert cache.get_or_fill(key('b'), 60, watch, fill, held)[1] == MISS
+    assert cache.invalidations == 1

@@ -68,14 +68,20 @@ class Watch(frozenset):
         return watch
 
 
+#: Changes an entry may have waiting to be applied; one more drops it.
+MAX_PENDING = 64
+
+
 class _Entry:
-    __slots__ = ('value', 'expires', 'size', 'tables')
+    __slots__ = ('value', 'expires', 'size', 'tables', 'pending')
 
     def __init__(self, value, expires, size, tables):
         self.value = value
         self.expires = expires
         self.size = size
         self.tables = tables
+        #: The changes told for its rows since, applied when next read.
+        self.pending = None
 
 
 def _table(watch):
@@ -93,12 +99,9 @@ def _told(watch, told, tables):
     return told.get(shape.table)
 
 
-def _patched(watch, rows, told, tables):
-    """``rows`` of a read of ``watch`` once ``told`` changes apply: the
-    same rows, patched rows, or None (drop them)."""
-    changes = _told(watch, told, tables)
-    if changes is None:
-        return None
+def _patched(watch, rows, changes):
+    """``rows`` of a read of ``watch`` once ``changes`` of its table
+    apply: the same rows, patched rows, or None (drop them)."""
     snapshot = rows.snapshot
     for change in changes:
         if snapshot is None or change.xid is None:
@@ -180,6 +183,8 @@ class MemoryCache:
         now = monotonic()
         with self._lock:
             entry = self._data.get(key)
+            if entry is not None and entry.pending:
+                entry = self._catch_up(key, entry)
             if entry is not None and now < entry.expires:
                 self._data.move_to_end(key)
                 self.hits += 1
@@ -224,7 +229,9 @@ class MemoryCache:
         """Drop what a write of ``tables`` (tags; None: all) could have
         changed. ``changes`` (:class:`~pyramid_dbtune.sql.shapes.Change`)
         tell its rows, where known: the reads they are told for are
-        matched and patched instead of dropped. The reads with a shape of
+        matched and patched instead of dropped, when next read (a read
+        nobody asks for again costs a change nothing). The reads with a
+        shape of
         the tables in ``later``, and their fills, are left as they are:
         the listener applies the write's changes to them as it hears of
         them."""
@@ -265,16 +272,30 @@ class MemoryCache:
                     del self._inflight[key]
 
     def _apply(self, key, entry, told, tables):
-        """Patch (or keep) the rows of ``key`` for the changes ``told``
-        of its table; drop them where that cannot be done."""
-        value = _patched(entry.tables, entry.value, told, tables)
+        """Note the changes ``told`` of its table for the rows of ``key``,
+        to apply when next read; drop them where they cannot be."""
+        changes = _told(entry.tables, told, tables)
+        pending = entry.pending or []
+        if changes is None or len(pending) + len(changes) > MAX_PENDING:
+            self._drop(key)
+        else:
+            entry.pending = pending + changes
+
+    def _drop(self, key):
+        self._remove(key)
+        self.invalidations += 1
+        self._count_drop(key)
+
+    def _catch_up(self, key, entry):
+        """The entry of ``key`` with the changes told since applied to
+        its rows; None where they cannot be (it is dropped)."""
+        changes, entry.pending = entry.pending, None
+        value = _patched(entry.tables, entry.value, changes)
         if value is entry.value:
-            return
+            return entry
         if value is None:
-            self._remove(key)
-            self.invalidations += 1
-            self._count_drop(key)
-            return
+            self._drop(key)
+            return None
         if len(value) != len(entry.value):  # as many rows: much the same
             size = estimate_size(key, value)
             self.bytes += size - entry.size
@@ -282,6 +303,7 @@ class MemoryCache:
         entry.value = value
         self.patches += 1
         self.patched[key[0]] = self.patched.get(key[0], 0) + 1
+        return entry
 
     def _count_drop(self, key):
         self.dropped[key[0]] = self.dropped.get(key[0], 0) + 1
