@@ -85,6 +85,8 @@ FRESH_LAG = 0.1
 #: ... and one committed straight in the database: the time the database
 #: takes to tell every process.
 OUTSIDE_LAG = 1.0
+#: Seconds of wrk's mix at 32 connections before each form is measured.
+WARM = 10
 #: The checker's properties: updated only by it, never by wrk.
 WATCHED = 5
 #: One of wrk's own searches (the most asked for of each filter), so that
@@ -524,8 +526,9 @@ def measure(form, env, watched, day, options, wrk):
             health = Health(port)
             checker.start()
             health.start()
-            # Warm up: each process opens its connections, fills a little.
-            warm = run_wrk(wrk, script.name, port, 32, 1)
+            # Warm up: each process opens its connections and fills its
+            # cache, as a site does in its first seconds up.
+            warm = run_wrk(wrk, script.name, port, 32, options.warm)
             for concurrency in options.concurrencies:
                 runs = []
                 for turn in range(options.repeat):
@@ -772,6 +775,7 @@ def main(argv=None):
     )
     options = parser.parse_args(argv)
     options.concurrencies = (1, 8, 32)
+    options.warm = WARM
     # The checker's own test: searches that lag, for longer than allowed.
     options.lagging = options.lagging or options.stale_cache
     options.cache_time = SEARCH_CACHE_TIME
@@ -781,6 +785,7 @@ def main(argv=None):
         # One second a run: the searches' cache time is cut to one second
         # too, so that the checker's rule can fail within the run.
         options.seconds, options.repeat, options.cache_time = 1, 1, 1
+        options.warm = 1
         options.enough = 1
         # A four-second run leaves too few checks a two-second grace.
         options.grace = REFILL_GRACE / 2
