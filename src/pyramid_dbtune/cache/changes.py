@@ -129,9 +129,13 @@ class Listener:
         return self
 
     def after_fork(self):
-        """The parent's thread did not come along: start one here."""
+        """The parent's thread did not come along: start one here. No
+        commit of this process waits for it yet; a lock held in the
+        parent as it forked would stay held here."""
         self.listening = threading.Event()
         self._stopping = threading.Event()
+        self._expected = {}
+        self._expected_lock = threading.Lock()
         if self._running:
             self.start()
 

@@ -231,10 +231,9 @@ class MemoryCache:
         tell its rows, where known: the reads they are told for are
         matched and patched instead of dropped, when next read (a read
         nobody asks for again costs a change nothing). The reads with a
-        shape of
-        the tables in ``later``, and their fills, are left as they are:
-        the listener applies the write's changes to them as it hears of
-        them."""
+        shape of the tables in ``later``, and their fills, are left as
+        they are: the listener applies the write's changes to them as it
+        hears of them."""
         with self._lock:
             if tables is None:
                 self.invalidations += len(self._data)

@@ -17,6 +17,7 @@ to it, and returns once the listener has heard of it.
 
 import hashlib
 import hmac
+import json
 import logging
 import time
 from time import perf_counter
@@ -363,7 +364,7 @@ class UnitOfWork:
             token = listener.expect()
             self.session.execute(
                 sa.text('SELECT pg_notify(:channel, :message)'),
-                {'channel': CHANNEL, 'message': f'{{"s": "{token}"}}'},
+                {'channel': CHANNEL, 'message': json.dumps({'s': token})},
                 execution_options={'dbtune_routed': True},
             )
             self._later, self._token = later, token
