@@ -609,6 +609,44 @@ def test_an_own_commit_that_fails_waits_for_nothing(postgresql_url, apps):
     assert app.app.registry.dbtune.cache.invalidations == 0
 
 
+def test_a_row_leaving_a_full_page_brings_up_the_next(postgresql_url, apps):
+    """A cache fill of a read cut at max_rows holds a few rows more in
+    reserve: a change that takes a row off the page brings up the next
+    one, where it would have dropped the page. Once they are spent, the
+    page goes."""
+    cheapest = {
+        'name': 'cheapest',
+        'sql': 'SELECT id, rent FROM property WHERE area = :area '
+        'ORDER BY rent, id',
+        'cache_time': 20,
+        'max_rows': 2,
+    }
+    app = listening(postgresql_url, apps, methods=[*METHODS, cheapest])
+    wait = heard(app)
+    outside(
+        postgresql_url,
+        "INSERT INTO property VALUES (5, 'Headingley', 100), "
+        "(6, 'Headingley', 110)",
+    )
+    wait()
+    page = ('cheapest', {'area': 'Headingley'})
+    first = call(app, page)['results'][0]
+    assert first['rows'] == [[1, 90], [5, 100]] and first['truncated']
+    for taken, rows, hit in (
+        (1, [[5, 100], [6, 110]], 1),  # the one in reserve comes up
+        (5, [[6, 110], [2, 120]], 0),  # none left: a new fill
+    ):
+        wait = heard(app)
+        outside(
+            postgresql_url,
+            f'UPDATE property SET rent = 200 WHERE id = {taken}',
+        )
+        wait()
+        answer = call(app, page)
+        assert answer['results'][0]['rows'] == rows
+        assert answer['cache']['hit'] == hit
+
+
 def test_a_change_told_by_a_trigger_made_before_images_drops_by_row(
     postgresql_url, apps
 ):

@@ -209,6 +209,34 @@ def test_a_window_of_the_first_rows_is_patched_where_it_stays_whole():
     ) == ((1, 80), (5, 70))  # fmt: skip
 
 
+def test_a_row_that_leaves_a_full_window_is_made_good_from_the_reserve():
+    # Two rows kept of a read that had more: two more held in reserve.
+    rows = held((1, 80)).derive([(1, 80), (2, 85), (3, 90), (4, 95)], True, 2)
+    assert rows.tuples() == ((1, 80), (2, 85)) and rows.truncated
+    assert len(rows) == 2 and list(rows) == [(1, 80), (2, 85)]
+    left = patch(SEARCH, rows, PARAMS, [row(1, 80)], [row(1, 150)], 2)
+    assert left.tuples() == ((2, 85), (3, 90)) and left.truncated
+    assert left[0] is rows[1]  # the records kept are not made anew
+    gone = patch(SEARCH, left, PARAMS, [row(2, 85)], [], 2)
+    assert gone.tuples() == ((3, 90), (4, 95)) and gone.truncated
+    # The reserve spent: what comes next is not held.
+    assert patch(SEARCH, gone, PARAMS, [row(3, 90)], [], 2) is None
+    # One that comes pushes the last kept into the reserve, and the last
+    # held out: a read holds no more than it did.
+    came = patch(SEARCH, rows, PARAMS, [], [row(5, 70)], 2)
+    assert came.tuples() == ((5, 70), (1, 80))
+    assert came.held()[0] == [(5, 70), (1, 80), (2, 85), (3, 90)]
+    # Rows that were all the read had: the reserve is the rest of them.
+    whole = held((1, 80)).derive([(1, 80), (2, 85), (3, 90)], False, 2)
+    assert whole.truncated
+    left = patch(SEARCH, whole, PARAMS, [row(1, 80)], [], 2)
+    assert left.tuples() == ((2, 85), (3, 90)) and not left.truncated
+    # max_rows and half as many again at the most: the rest let go.
+    grown = patch(SEARCH, whole, PARAMS, [], [row(5, 70), row(6, 75)], 2)
+    assert grown.held()[0] == [(5, 70), (6, 75), (1, 80)]
+    assert grown.held()[2] and grown.truncated
+
+
 def test_a_row_is_patched_in_as_the_driver_gave_its_columns():
     rows = Rows(('id', 'rent', 'when'), [(1, Decimal('80.50'), None)])
     shape = read_shape('SELECT id, rent, when FROM property ORDER BY id', T)

@@ -8,7 +8,7 @@ import math
 from sqlalchemy import create_engine, event
 from sqlalchemy.engine import make_url
 
-from ..sql.rows import Rows
+from ..sql.rows import Rows, reserve_for
 from .errors import mark_retryable
 
 #: How a read on the writer is made read-only, and the connection made
@@ -25,22 +25,27 @@ READ_ONLY_STATEMENTS = {
 def fetch(result, max_rows, position=None, snapshot=None):
     """Read a SQLAlchemy result into :class:`Rows`, keeping ``max_rows``;
     ``position``: the replica's log position it was read at, at least;
-    ``snapshot``: the snapshot it was read in."""
+    ``snapshot``: the snapshot it was read in. A read with a snapshot (a
+    cache fill whose rows changes are applied to) holds a reserve of
+    rows beyond ``max_rows`` (:func:`~pyramid_dbtune.sql.rows.reserve_for`).
+    """
     if not result.returns_rows:
         return Rows(rowcount=result.rowcount)
     columns = tuple(result.keys())
-    truncated = False
-    if max_rows:
-        data = result.fetchmany(max_rows + 1)
-        truncated = len(data) > max_rows
-        del data[max_rows:]
-        result.close()
-    else:
+    if not max_rows:
         data = result.fetchall()
+        return Rows(columns, data, position=position, snapshot=snapshot)
+    held = max_rows + (0 if snapshot is None else reserve_for(max_rows))
+    data = result.fetchmany(held + 1)
+    result.close()
+    more = len(data) > held
+    del data[held:]
+    if len(data) > max_rows:
+        rows = Rows(columns, (), position=position, snapshot=snapshot)
+        return rows.derive(data, more, max_rows)
     return Rows(
-        columns, data, truncated=truncated, position=position,
-        snapshot=snapshot,
-    )  # fmt: skip
+        columns, data, truncated=more, position=position, snapshot=snapshot
+    )
 
 
 #: How each driver is told to give up connecting, by its name, and how

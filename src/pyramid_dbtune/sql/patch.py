@@ -7,6 +7,7 @@ rows are dropped). The reads, their shapes and how values compare are
 import datetime
 import decimal
 
+from .rows import reserve_for
 from .shapes import UNEQUAL, compare, matches
 
 
@@ -109,40 +110,53 @@ def _before(shape, a, b):
     return False
 
 
+def _place(shape, held, row):
+    """Where ``row`` goes among ``held``, rows in the order of ``shape``:
+    before the first it comes before (a binary search)."""
+    low, high = 0, len(held)
+    while low < high:
+        middle = (low + high) // 2
+        if _before(shape, row, held[middle]):
+            high = middle
+        else:
+            low = middle + 1
+    return low
+
+
 def _rows(shape, rows, types, gone, came, max_rows):
-    held = list(rows.tuples())
-    truncated = rows.truncated
-    window = len(held) if truncated else max_rows
+    held, items, more = rows.held()
+    # Beyond the rows held, a statement's rows are not known: past as many
+    # as a fill holds, the last ones are let go.
+    room = len(held) if more else max_rows + reserve_for(max_rows)
     changed = False
     for image in gone:
         row = _row(shape, image, types)
-        if row in held:
-            held.remove(row)
-            changed = True
-        elif not (truncated and shape.order and _before(shape, held[-1], row)):
-            raise _Unsure  # a row it should hold, and does not
+        try:
+            at = held.index(row)
+        except ValueError:
+            if not (more and shape.order and _before(shape, held[-1], row)):
+                raise _Unsure from None  # a row it should hold, and does not
+            continue  # one of the rows after those held
+        del held[at], items[at]
+        changed = True
     for image in came:
         row = _row(shape, image, types)
-        at = len(held)
-        if shape.order:
-            at = next(
-                (n for n, h in enumerate(held) if _before(shape, row, h)),
-                len(held),
-            )
-        if at == len(held) and truncated:
+        at = _place(shape, held, row) if shape.order else len(held)
+        if at == len(held) and more:
             if not shape.order or not _before(shape, held[-1], row):
                 raise _Unsure  # in the window or not: a tie, or no order
-            continue  # after the rows kept
+            continue  # after the rows held
         held.insert(at, row)
+        items.insert(at, row)
         changed = True
     if not changed:
-        return rows  # every row it touched comes after those kept
-    if truncated and len(held) < window:
+        return rows  # every row it touched comes after those held
+    if more and len(held) < max_rows:
         raise _Unsure  # what comes next is not held
-    if window and len(held) > window:
-        del held[window:]
-        truncated = True
-    return _like(rows, held, truncated)
+    if room and len(held) > room:
+        del items[room:]
+        more = True
+    return rows.derive(items, more, max_rows)
 
 
 def _groups(shape, rows, types, gone, came, max_rows):

@@ -139,7 +139,7 @@ class Rows(Sequence):
 
     __slots__ = (
         'columns', 'truncated', 'rowcount', 'position', 'snapshot',
-        '_records',
+        '_records', '_reserve',
     )  # fmt: skip
 
     def __init__(
@@ -157,6 +157,10 @@ class Rows(Sequence):
             ('position', position),
             ('snapshot', snapshot),
             ('_records', records),
+            # A cache fill's rows beyond those kept, as value tuples, and
+            # whether the read had more still: a change that takes a kept
+            # row away is made good from them (:meth:`held`).
+            ('_reserve', ((), truncated)),
         ):
             object.__setattr__(self, name, value)
 
@@ -204,9 +208,64 @@ class Rows(Sequence):
         """The rows as a tuple of plain value tuples."""
         return tuple(r._values for r in self._records)
 
+    def held(self):
+        """``(values, items, more)``: as lists, the value tuples of the
+        rows kept and then of those held in reserve, and the same rows as
+        records (the kept ones) and tuples; ``more``, whether the read had
+        rows beyond them. Not a copy: see :meth:`derive`."""
+        reserve, more = self._reserve
+        values = [r._values for r in self._records]
+        values += reserve
+        return values, [*self._records, *reserve], more
+
+    def derive(self, items, more, keep=0):
+        """Rows like these (columns, position, snapshot) of ``items``,
+        each a record of these rows or a tuple of values (as
+        :meth:`held` gives them): the first ``keep`` kept (0: all) and
+        the rest in reserve; ``more``, whether rows follow them. Records
+        are reused, not made anew."""
+        kept = items[:keep] if keep else items
+        index = self._records[0]._index if self._records else None
+        record = type(self._records[0]) if self._records else None
+        if record is None:
+            index = _index(self.columns)
+            record = _record_class(self.columns, index)
+        records = tuple(
+            item if isinstance(item, Record) else record(item, index)
+            for item in kept
+        )
+        reserve = tuple(
+            item._values if isinstance(item, Record) else item
+            for item in items[len(kept) :]
+        )
+        derived = object.__new__(Rows)
+        for name, value in (
+            ('columns', self.columns),
+            ('truncated', more or bool(reserve)),
+            ('rowcount', -1),
+            ('position', self.position),
+            ('snapshot', self.snapshot),
+            ('_records', records),
+            ('_reserve', (reserve, more)),
+        ):
+            object.__setattr__(derived, name, value)
+        return derived
+
     def dictionaries(self):
         """The rows as a list of dicts (the ZSQL ``Results`` name)."""
         return [r._asdict() for r in self._records]
+
+
+#: The most rows a cache fill holds in reserve beyond its ``max_rows``.
+MAX_RESERVE = 50
+
+
+def reserve_for(max_rows):
+    """How many rows beyond ``max_rows`` a cache fill whose rows changes
+    are applied to holds in reserve: half as many again, at most
+    :data:`MAX_RESERVE`. A change that takes a kept row away brings up the
+    first of them, where without them the rows would be dropped."""
+    return min(max_rows // 2, MAX_RESERVE)
 
 
 def _rebuild(columns, data, truncated, rowcount):
