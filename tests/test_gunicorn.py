@@ -8,12 +8,16 @@ threadcheck meets them on one run; one that reports 1, or N, for
 everything never does. Off CI, a machine too busy for CPU readings skips.
 """
 
+import collections
 import contextlib
+import http.client
+import json
 import logging
 import os
 import re
 import signal
 import sys
+import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -56,8 +60,8 @@ def nothing_declared(monkeypatch):
 def test_the_module_sets_only_what_it_means_to():
     names = {s.name for s in KNOWN_SETTINGS}
     assert names & set(vars(config_module)) == {
-        'workers', 'threads', 'worker_class', 'preload_app', 'post_fork',
-        'post_worker_init', 'when_ready', 'child_exit',
+        'workers', 'threads', 'worker_class', 'preload_app', 'reuse_port',
+        'post_fork', 'post_worker_init', 'when_ready', 'child_exit',
     }  # fmt: skip
     # The name gunicorn is given holds the same settings.
     assert names & set(vars(name_shim)) == names & set(vars(config_module))
@@ -85,6 +89,7 @@ def test_defaults_from_the_host_and_flags_win(monkeypatch):
     assert config_module.default_workers({}) == probes.usable_cores()
     assert (cfg.threads, cfg.worker_class_str) == (4, 'gthread')
     assert cfg.preload_app is True  # as the README says
+    assert cfg.reuse_port is True  # a socket per worker: shared evenly
     assert cfg.post_fork is config_module.post_fork
     cfg = gunicorn_config(monkeypatch, '--workers', '3', '--threads', '1',
                           '-k', 'sync')  # fmt: skip
@@ -489,6 +494,47 @@ def test_preload_with_a_pool_opened_before_the_fork(
     assert errors == []
     assert all(a['rows'] == 1 for a in answers)
     assert len({a['pid'] for a in answers}) == 2
+
+
+def listening_sockets(port):
+    """How many sockets listen on loopback ``port`` (``/proc/net/tcp``)."""
+    lines = Path('/proc/net/tcp').read_text().splitlines()[1:]
+    local = f'0100007F:{port:04X}'
+    return sum(
+        1 for line in lines if line.split()[1:4:2] == [local, '0A']
+    )  # 0A: LISTEN
+
+
+def test_each_worker_takes_its_share_of_keep_alive_clients(gunicorn):
+    """Each worker listens on a socket of its own (reuse_port), and the
+    kernel shares new connections among them: clients that connect at
+    once and keep their connections reach both workers, whichever was
+    free first."""
+    url = gunicorn('--workers', '2', workers=2)
+    port = int(url.rsplit(':', 1)[1])
+    assert listening_sockets(port) == 2
+    together = threading.Barrier(16)
+
+    def client(_):
+        connection = http.client.HTTPConnection('127.0.0.1', port, timeout=30)
+        together.wait()
+        try:
+            pids = set()
+            for _ in range(2):  # kept alive: the same worker answers
+                connection.request(
+                    'GET', '/_dbtune/probe/io?ms=0',
+                    headers={'X-Dbtune-Token': TOKEN},
+                )  # fmt: skip
+                pids.add(json.loads(connection.getresponse().read())['pid'])
+            return pids
+        finally:
+            connection.close()
+
+    with ThreadPoolExecutor(16) as pool:
+        answered = list(pool.map(client, range(16)))
+    assert all(len(pids) == 1 for pids in answered)
+    workers = collections.Counter(next(iter(p)) for p in answered)
+    assert len(workers) == 2 and min(workers.values()) >= 3, workers
 
 
 def test_child_exit_without_several_processes_does_nothing(monkeypatch):

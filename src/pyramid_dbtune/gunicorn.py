@@ -9,6 +9,7 @@ from .deploy.gunicorn import (  # noqa: F401 (gunicorn reads these names)
     post_fork,
     post_worker_init,
     preload_app,
+    reuse_port,
     threads,
     when_ready,
     worker_class,
