@@ -87,6 +87,10 @@ FRESH_LAG = 0.1
 OUTSIDE_LAG = 1.0
 #: Seconds of wrk's mix at 32 connections before each form is measured.
 WARM = 10
+#: ... and, before those, seconds of wrk asking for every property page
+#: and every search page in turn (WALK), as a site that has been up a
+#: while has been asked: the ceiling holds every property from its start.
+VISIT = 20
 #: The checker's properties: updated only by it, never by wrk.
 WATCHED = 5
 #: One of wrk's own searches (the most asked for of each filter), so that
@@ -187,6 +191,44 @@ end
 """
 
 
+WALK = r"""
+local areas = {__AREAS__}
+local rents = {__RENTS__}
+local rooms = {__ROOMS__}
+local dates = {__DATES__}
+local count = __COUNT__
+local searches = #areas * #rents * #rooms * #dates
+local threads = 0
+
+function setup(thread)
+  thread:set("first", threads)
+  threads = threads + 1
+end
+
+function init(args)
+  step = wrk.thread:get("first")
+end
+
+-- Each of wrk's threads takes every other page, round and round.
+request = function()
+  step = step + 2
+  local k = step % (count + searches)
+  if k < count then
+    return wrk.format("GET", "/property/" .. (k + 1))
+  end
+  k = k - count
+  local function pick(list)
+    local item = list[k % #list + 1]
+    k = math.floor(k / #list)
+    return item
+  end
+  return wrk.format("GET", "/?area=" .. pick(areas) .. "&max_rent="
+    .. pick(rents) .. "&min_rooms=" .. pick(rooms) .. "&available="
+    .. pick(dates))
+end
+"""
+
+
 def lua_list(values):
     return ', '.join(
         f'"{urllib.parse.quote(v)}"' if isinstance(v, str) else str(v)
@@ -194,9 +236,9 @@ def lua_list(values):
     )
 
 
-def mix_script(watched):
+def lua_script(script, watched):
     return (
-        MIX.replace('__AREAS__', lua_list(AREAS))
+        script.replace('__AREAS__', lua_list(AREAS))
         .replace('__RENTS__', lua_list(RENTS))
         .replace('__ROOMS__', lua_list(ROOMS))
         .replace('__DATES__', lua_list(DATES))
@@ -204,6 +246,10 @@ def mix_script(watched):
         .replace('__COUNT__', str(PROPERTIES))
         .replace('__TOKEN__', ADMIN_TOKEN)
     )
+
+
+def mix_script(watched):
+    return lua_script(MIX, watched)
 
 
 def seed_database(url):
@@ -236,6 +282,11 @@ def serve(form, port, env):
         app = f'{form.split("-")[0]}_app()'
         command = gunicorn_command(port, app=f'headline_apps:{app}')
     process = start_server(command, port, env, timeout=60)
+    if form != 'baseline':
+        # Each gunicorn worker binds a socket of its own (reuse_port), a
+        # moment after the first: wrk's clients, which connect at once,
+        # must find them all.
+        time.sleep(1)
     try:
         # Up, and its database and cache answer.
         connection = http.client.HTTPConnection('127.0.0.1', port, 30)
@@ -481,9 +532,9 @@ def run_wrk(wrk, script, port, concurrency, seconds):
     result['errors'] = int(errors[1]) if errors else 0
     if sockets:
         result['errors'] += sum(int(n) for n in sockets.groups())
-    hits, misses = re.search(
-        r'X-Cache: (\d+) hits, (\d+) misses', out
-    ).groups()
+    # The walk's script counts nothing.
+    counted = re.search(r'X-Cache: (\d+) hits, (\d+) misses', out)
+    hits, misses = counted.groups() if counted else (0, 0)
     result['hits'], result['misses'] = int(hits), int(misses)
     return result
 
@@ -517,9 +568,14 @@ def measure(form, env, watched, day, options, wrk):
     process = serve(form, port, env)
     results = {}
     try:
-        with tempfile.NamedTemporaryFile('w', suffix='.lua') as script:
+        with (
+            tempfile.NamedTemporaryFile('w', suffix='.lua') as script,
+            tempfile.NamedTemporaryFile('w', suffix='.lua') as walk,
+        ):
             script.write(mix_script(watched))
             script.flush()
+            walk.write(lua_script(WALK, watched))
+            walk.flush()
             # The checker from the start, warm-up included: the longer it
             # runs, the more of its checks can fail.
             checker = Checker(port, watched, day, env['DBTUNE_HEADLINE_URL'])
@@ -527,7 +583,10 @@ def measure(form, env, watched, day, options, wrk):
             checker.start()
             health.start()
             # Warm up: each process opens its connections and fills its
-            # cache, as a site does in its first seconds up.
+            # cache, as a site that has been up a while has: every page
+            # asked for in turn (the ceiling's dict holds every property
+            # from its start), then the mix.
+            visits = run_wrk(wrk, walk.name, port, 32, options.visit)
             warm = run_wrk(wrk, script.name, port, 32, options.warm)
             for concurrency in options.concurrencies:
                 runs = []
@@ -572,7 +631,7 @@ def measure(form, env, watched, day, options, wrk):
         fresh_stale = checker.verdict(FRESH_LAG, OUTSIDE_LAG)[0]
     failures = checker.failures + health.failures
     return results, {
-        'warm_errors': warm['errors'],
+        'warm_errors': visits['errors'] + warm['errors'],
         'searches': len(checker.searches),
         'updates': len(checker.updates),
         'health_checks': health.asked,
@@ -776,6 +835,7 @@ def main(argv=None):
     options = parser.parse_args(argv)
     options.concurrencies = (1, 8, 32)
     options.warm = WARM
+    options.visit = VISIT
     # The checker's own test: searches that lag, for longer than allowed.
     options.lagging = options.lagging or options.stale_cache
     options.cache_time = SEARCH_CACHE_TIME
@@ -785,7 +845,7 @@ def main(argv=None):
         # One second a run: the searches' cache time is cut to one second
         # too, so that the checker's rule can fail within the run.
         options.seconds, options.repeat, options.cache_time = 1, 1, 1
-        options.warm = 1
+        options.warm = options.visit = 1
         options.enough = 1
         # A four-second run leaves too few checks a two-second grace.
         options.grace = REFILL_GRACE / 2
