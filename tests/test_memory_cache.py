@@ -284,3 +284,37 @@ def test_changes_apply_when_a_read_is_next_asked_for():
     assert status == HIT and value.tuples() == ((8,),)
     assert cache.get_or_fill(key('b'), 60, watch, fill, held)[1] == MISS
     assert cache.invalidations == 1
+
+
+def test_an_entry_gives_the_garbage_collector_little_to_walk(sqlite_url):
+    """A cache of many thousand entries is walked by every full
+    collection, which stops the process: what an entry holds beside its
+    records is plain tuples, which the collector stops tracking, and its
+    watch has no dict."""
+    import gc
+
+    import sqlalchemy as sa
+
+    from pyramid_dbtune.cache import Watch
+    from pyramid_dbtune.routing.connect import fetch
+    from pyramid_dbtune.sql.shapes import parse_snapshot, read_shape
+
+    snapshot = parse_snapshot('100:105:101,103')
+    shape = read_shape('SELECT v FROM t WHERE v = :v', {'t'})
+    watch = Watch({'t'}, shape, {'v': 1}, 10)
+    assert not hasattr(watch, '__dict__')
+    engine = sa.create_engine(sqlite_url)
+    with engine.connect() as connection:
+        result = connection.exec_driver_sql(
+            'SELECT 1 UNION ALL SELECT 2 UNION ALL SELECT 3 UNION ALL '
+            'SELECT 4 ORDER BY 1'
+        )
+        held = fetch(result, 2, snapshot=snapshot)
+    engine.dispose()
+    values = held.held()[0]
+    assert values == [(1,), (2,), (3,)] and held.tuples() == ((1,), (2,))
+    assert all(type(v) is tuple for v in values)  # no driver rows kept
+    gc.collect()
+    gc.collect()
+    assert not gc.is_tracked(held.snapshot)
+    assert not any(gc.is_tracked(v) for v in values)

@@ -158,10 +158,10 @@ def test_a_change_touches_a_read_where_any_image_may_be_its():
 
 def test_a_snapshot_tells_which_transactions_it_holds():
     snapshot = parse_snapshot('100:105:101,103')
-    assert snapshot == (100, 105, frozenset([101, 103]))
+    assert snapshot == (100, 105, (101, 103))
     assert visible(99, snapshot) and visible(102, snapshot)
     assert not visible(101, snapshot) and not visible(105, snapshot)
-    assert parse_snapshot('7:7:') == (7, 7, frozenset())
+    assert parse_snapshot('7:7:') == (7, 7, ())
 
 
 def test_a_row_enters_leaves_and_moves_within_the_rows():

@@ -62,6 +62,9 @@ class Watch(frozenset):
     arguments its conditions compare with, and its ``max_rows``: a change
     told by row images is matched against them, and patched in."""
 
+    # No __dict__: a cache holds one per entry, for the collector to walk.
+    __slots__ = ('shape', 'params', 'max_rows')
+
     def __new__(cls, tags, shape, params, max_rows):
         watch = super().__new__(cls, tags)
         watch.shape, watch.params, watch.max_rows = shape, params, max_rows

@@ -235,7 +235,7 @@ class Rows(Sequence):
             for item in kept
         )
         reserve = tuple(
-            item._values if isinstance(item, Record) else item
+            item._values if isinstance(item, Record) else tuple(item)
             for item in items[len(kept) :]
         )
         derived = object.__new__(Rows)

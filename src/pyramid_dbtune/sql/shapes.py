@@ -347,9 +347,10 @@ def touches(shape, params, change):
 
 def parse_snapshot(text):
     """PostgreSQL's ``pg_current_snapshot()``, ``xmin:xmax:xip,...``, as
-    ``(xmin, xmax, frozenset of xip)``."""
+    ``(xmin, xmax, tuple of xip)``: tuples of numbers alone, which the
+    garbage collector stops tracking (a cache holds one per entry)."""
     xmin, xmax, xip = text.split(':')
-    return int(xmin), int(xmax), frozenset(int(x) for x in xip.split(',') if x)
+    return int(xmin), int(xmax), tuple(int(x) for x in xip.split(',') if x)
 
 
 def visible(xid, snapshot):
