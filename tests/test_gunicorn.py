@@ -10,6 +10,7 @@ everything never does. Off CI, a machine too busy for CPU readings skips.
 
 import collections
 import contextlib
+import gc
 import http.client
 import json
 import logging
@@ -250,12 +251,20 @@ def test_when_ready_closes_the_masters_connections(monkeypatch, db_url):
     cfg.set('preload_app', False)
     config_module.when_ready(Arbiter(cfg, wsgi))
     assert loaded == [] and pool.checkedin() == 1
+    assert gc.get_freeze_count() == 0
     cfg = gunicorn_config(monkeypatch)  # preloads, by this module's default
-    config_module.when_ready(Arbiter(cfg, wsgi))
-    assert router.readers[0].engine.pool.checkedin() == 0
-    # An application without a database, or not Pyramid's: nothing to do.
-    for other in (make_plain_app(), None):
-        config_module.when_ready(Arbiter(cfg, lambda a=other: a))
+    try:
+        config_module.when_ready(Arbiter(cfg, wsgi))
+        assert router.readers[0].engine.pool.checkedin() == 0
+        # What the master loaded is out of the collector's way: each
+        # worker's full collections walk only what the worker made.
+        assert gc.get_freeze_count() > 0
+        # An application without a database, or not Pyramid's: nothing
+        # to close.
+        for other in (make_plain_app(), None):
+            config_module.when_ready(Arbiter(cfg, lambda a=other: a))
+    finally:
+        gc.unfreeze()  # this process is not a master about to fork
     router.dispose()
 
 
