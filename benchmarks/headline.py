@@ -121,7 +121,8 @@ DATES = (
     '2026-12-01',
 )  # fmt: skip
 SEARCHES = len(AREAS) * len(RENTS) * len(ROOMS) * len(DATES)
-MIX = r"""
+#: What both of wrk's scripts begin with: the filters and the counts.
+PRELUDE = r"""
 local areas = {__AREAS__}
 local rents = {__RENTS__}
 local rooms = {__ROOMS__}
@@ -129,7 +130,8 @@ local dates = {__DATES__}
 local first_update = __FIRST_UPDATE__
 local count = __COUNT__
 local token = "__TOKEN__"
-
+"""
+MIX = r"""
 local function skewed(list, power)
   return list[math.floor(#list * math.random() ^ power) + 1]
 end
@@ -192,11 +194,6 @@ end
 
 
 WALK = r"""
-local areas = {__AREAS__}
-local rents = {__RENTS__}
-local rooms = {__ROOMS__}
-local dates = {__DATES__}
-local count = __COUNT__
 local searches = #areas * #rents * #rooms * #dates
 local threads = 0
 
@@ -238,7 +235,8 @@ def lua_list(values):
 
 def lua_script(script, watched):
     return (
-        script.replace('__AREAS__', lua_list(AREAS))
+        (PRELUDE + script)
+        .replace('__AREAS__', lua_list(AREAS))
         .replace('__RENTS__', lua_list(RENTS))
         .replace('__ROOMS__', lua_list(ROOMS))
         .replace('__DATES__', lua_list(DATES))
