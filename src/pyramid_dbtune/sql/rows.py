@@ -150,19 +150,8 @@ class Rows(Sequence):
         index = _index(columns)
         record = _record_class(columns, index)
         records = tuple(record(row, index) for row in data)
-        for name, value in (
-            ('columns', columns),
-            ('truncated', bool(truncated)),
-            ('rowcount', rowcount),
-            ('position', position),
-            ('snapshot', snapshot),
-            ('_records', records),
-            # A cache fill's rows beyond those kept, as value tuples, and
-            # whether the read had more still: a change that takes a kept
-            # row away is made good from them (:meth:`held`).
-            ('_reserve', ((), truncated)),
-        ):
-            object.__setattr__(self, name, value)
+        _set(self, columns, records, (), truncated, rowcount, position,
+             snapshot)  # fmt: skip
 
     def __setattr__(self, name, value):
         raise AttributeError('Rows are immutable')
@@ -209,10 +198,11 @@ class Rows(Sequence):
         return tuple(r._values for r in self._records)
 
     def held(self):
-        """``(values, items, more)``: as lists, the value tuples of the
-        rows kept and then of those held in reserve, and the same rows as
-        records (the kept ones) and tuples; ``more``, whether the read had
-        rows beyond them. Not a copy: see :meth:`derive`."""
+        """``(values, items, more)``: new lists of the value tuples of the
+        rows kept and then of those held in reserve, and of the same rows
+        as records (the kept ones) and tuples (the reserve's); ``more``,
+        whether the read had rows beyond them. :meth:`derive` takes
+        ``items`` back."""
         reserve, more = self._reserve
         values = [r._values for r in self._records]
         values += reserve
@@ -224,12 +214,13 @@ class Rows(Sequence):
         :meth:`held` gives them): the first ``keep`` kept (0: all) and
         the rest in reserve; ``more``, whether rows follow them. Records
         are reused, not made anew."""
-        kept = items[:keep] if keep else items
-        index = self._records[0]._index if self._records else None
-        record = type(self._records[0]) if self._records else None
-        if record is None:
+        if self._records:
+            first = self._records[0]
+            record, index = type(first), first._index
+        else:
             index = _index(self.columns)
             record = _record_class(self.columns, index)
+        kept = items[:keep] if keep else items
         records = tuple(
             item if isinstance(item, Record) else record(item, index)
             for item in kept
@@ -239,21 +230,31 @@ class Rows(Sequence):
             for item in items[len(kept) :]
         )
         derived = object.__new__(Rows)
-        for name, value in (
-            ('columns', self.columns),
-            ('truncated', more or bool(reserve)),
-            ('rowcount', -1),
-            ('position', self.position),
-            ('snapshot', self.snapshot),
-            ('_records', records),
-            ('_reserve', (reserve, more)),
-        ):
-            object.__setattr__(derived, name, value)
+        _set(derived, self.columns, records, reserve, more, -1,
+             self.position, self.snapshot)  # fmt: skip
         return derived
 
     def dictionaries(self):
         """The rows as a list of dicts (the ZSQL ``Results`` name)."""
         return [r._asdict() for r in self._records]
+
+
+def _set(rows, columns, records, reserve, more, rowcount, position,
+         snapshot):  # fmt: skip
+    """Give new ``rows`` their attributes: ``reserve``, a cache fill's
+    rows beyond the ``records`` kept, as value tuples, and ``more``,
+    whether the read had more still (a change that takes a kept row away
+    is made good from the reserve, :meth:`Rows.held`)."""
+    for name, value in (
+        ('columns', columns),
+        ('truncated', bool(more or reserve)),
+        ('rowcount', rowcount),
+        ('position', position),
+        ('snapshot', snapshot),
+        ('_records', records),
+        ('_reserve', (reserve, bool(more))),
+    ):
+        object.__setattr__(rows, name, value)
 
 
 #: The most rows a cache fill holds in reserve beyond its ``max_rows``.
