@@ -581,6 +581,16 @@ def test_an_own_commit_not_heard_of_in_time_drops_its_rows(
     listener = app.app.registry.dbtune.listener
     monkeypatch.setattr(changes, 'SETTLE_WITHIN', 0)
     call(app, *READS)
+    # A listener that is slow to apply a change: the commit's own notice,
+    # after it, is not heard before the commit stops waiting (else, with
+    # no time to wait, a quick listener could still win the race).
+    apply = listener.apply
+
+    def slow_apply(*args):
+        time.sleep(0.3)
+        apply(*args)
+
+    monkeypatch.setattr(listener, 'apply', slow_apply)
     call(app, ('set_rent', {'id': 1, 'rent': 93}))
     assert listener.late == 1
     hits = [call(app, read)['cache']['hit'] for read in READS]
