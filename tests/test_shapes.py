@@ -138,6 +138,7 @@ def test_a_row_matches_a_read_when_it_meets_every_condition():
     # Unsure of one condition, sure that another fails: not among them.
     assert matches(SEARCH, PARAMS, row(1, 120, 'headingley')) is False
     assert matches(SEARCH, PARAMS, row(1, '90')) is None
+    assert matches(SEARCH, PARAMS, row(1, [90])) is None  # a JSON array
     shape = read_shape(
         'SELECT id FROM property WHERE a < :a AND b > :b AND c >= :c', T
     )

@@ -16,7 +16,7 @@ from ..deploy import forks
 from ..sql.analysis import ANY_TABLE
 from ..sql.conditions import any_row
 from ..sql.patch import patch
-from ..sql.shapes import touches, visible
+from ..sql.shapes import tests_of, touches, visible
 
 HIT = 'hit'
 MISS = 'miss'
@@ -63,11 +63,14 @@ class Watch(frozenset):
     told by row images is matched against them, and patched in."""
 
     # No __dict__: a cache holds one per entry, for the collector to walk.
-    __slots__ = ('shape', 'params', 'max_rows')
+    __slots__ = ('shape', 'params', 'max_rows', 'tests')
 
     def __new__(cls, tags, shape, params, max_rows):
         watch = super().__new__(cls, tags)
         watch.shape, watch.params, watch.max_rows = shape, params, max_rows
+        # Its conditions with their arguments, made once: every change of
+        # its table is matched against them.
+        watch.tests = tests_of(shape, params)
         return watch
 
 
@@ -115,7 +118,7 @@ def _patched(watch, rows, changes):
         elif not visible(change.xid, snapshot):
             rows = patch(
                 watch.shape, rows, watch.params, change.old, change.new,
-                watch.max_rows,
+                watch.max_rows, watch.tests,
             )  # fmt: skip
             if rows is None:
                 return None

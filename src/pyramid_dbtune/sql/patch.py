@@ -8,23 +8,26 @@ import datetime
 import decimal
 
 from .rows import reserve_for
-from .shapes import UNEQUAL, compare, matches
+from .shapes import UNEQUAL, compare, holds_for, tests_of
 
 
 class _Unsure(Exception):
     """What a patch cannot be sure of: the rows are dropped."""
 
 
-def patch(shape, rows, params, old, new, max_rows):
+def patch(shape, rows, params, old, new, max_rows, tests=None):
     """``rows``, a read of ``shape`` with ``params`` that held at most
     ``max_rows`` rows, as they are once rows of images ``old`` became
     ``new``: the same object where the change does not touch them, new
     :class:`~pyramid_dbtune.sql.rows.Rows` where it does, or None where
-    that cannot be told (drop them)."""
+    that cannot be told (drop them). ``tests``: ``tests_of(shape,
+    params)``, where the caller keeps them."""
+    if tests is None:
+        tests = tests_of(shape, params)
     gone, came = [], []
     for images, found in ((old, gone), (new, came)):
         for image in images:
-            matched = matches(shape, params, image)
+            matched = holds_for(tests, image)
             if matched is None:
                 return None
             if matched:

@@ -301,18 +301,47 @@ def _holds(op, order):
     return order >= 0  # '>='; the parser reads no other
 
 
+#: For each operator, whether ``value op parameter`` holds, by their
+#: :func:`compare`: a lookup where the cache matches each change with
+#: every read it may touch.
+_TRUTH = {
+    op: {order: _holds(op, order) for order in (-1, 0, 1, UNEQUAL, None)}
+    for op in _OPS - {'!='}
+}
+
+
+def tests_of(shape, params):
+    """The conditions of a read of ``shape`` with ``params``, ready for
+    :func:`holds_for`: ``(column, operator, argument)`` each. Plain values
+    alone: the garbage collector stops tracking them (a cache holds one
+    per entry)."""
+    return tuple(
+        (column, op, params[parameter])
+        for column, op, parameter in shape.conditions
+    )
+
+
 def matches(shape, params, image):
     """Whether a row of ``image`` (column: value) is among the rows a read
     of ``shape`` with ``params`` reads: True, False, or None where it
     cannot be told."""
+    return holds_for(tests_of(shape, params), image)
+
+
+def holds_for(tests, image):
+    """:func:`matches`, for the :func:`tests_of` a read."""
     told = True
-    for column, op, parameter in shape.conditions:
-        if column not in image:
+    for column, op, wanted in tests:
+        try:
+            value = image[column]
+        except KeyError:
             return None
-        value, wanted = image[column], params[parameter]
         if value is None or wanted is None:
             return False  # a comparison with NULL holds for no row
-        holds = _holds(op, compare(value, wanted))
+        try:
+            holds = _TRUTH[op][_remembered(value, wanted)]
+        except TypeError:  # unhashable: a JSON array, say
+            holds = _TRUTH[op][_compare(value, wanted)]
         if holds is False:
             return False
         if holds is None:
