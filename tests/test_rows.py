@@ -55,6 +55,13 @@ def test_rows_sequence(rows):
     assert not rows.truncated and rows.rowcount == -1
 
 
+def test_the_edge_is_the_last_row_held_and_whether_more_follow(rows):
+    assert rows.edge() == ((2, 'Hyde', 80), False)
+    assert Rows(rows.columns).edge() == (None, False)
+    reserve = rows.derive([*rows, (3, 'Hyde', 90)], True, 2)
+    assert reserve.edge() == ((3, 'Hyde', 90), True)
+
+
 def test_equality(rows):
     assert rows[0] == (1, 'Burley', 70)
     assert rows[0] == Record(

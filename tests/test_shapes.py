@@ -204,6 +204,9 @@ def test_a_window_of_the_first_rows_is_patched_where_it_stays_whole():
     assert patch(SEARCH, rows, PARAMS, [row(1, 80)], [], 2) is None
     # A tie with the last row: in the window or not, cannot be told.
     assert patch(SEARCH, rows, PARAMS, [], [row(2, 90)], 2) is None
+    # A row from beyond the window moves into it.
+    moved_in = patch(SEARCH, rows, PARAMS, [row(5, 95)], [row(5, 70)], 2)
+    assert moved_in.tuples() == ((5, 70), (1, 80)) and moved_in.truncated
     unordered = read_shape('SELECT id, rent FROM property', T)
     assert patch(unordered, rows, {}, [], [row(5, 70)], 2) is None
     assert patch(unordered, held((1, 80)), {}, [], [row(5, 70)], 9).tuples(
@@ -218,6 +221,10 @@ def test_a_row_that_leaves_a_full_window_is_made_good_from_the_reserve():
     left = patch(SEARCH, rows, PARAMS, [row(1, 80)], [row(1, 150)], 2)
     assert left.tuples() == ((2, 85), (3, 90)) and left.truncated
     assert left[0] is rows[1]  # the records kept are not made anew
+    # One moves from the window to beyond the rows held.
+    moved_out = patch(SEARCH, rows, PARAMS, [row(1, 80)], [row(1, 99)], 2)
+    assert moved_out.tuples() == ((2, 85), (3, 90))
+    assert moved_out.held()[0] == [(2, 85), (3, 90), (4, 95)]
     gone = patch(SEARCH, left, PARAMS, [row(2, 85)], [], 2)
     assert gone.tuples() == ((3, 90), (4, 95)) and gone.truncated
     # The reserve spent: what comes next is not held.

@@ -127,11 +127,20 @@ def _place(shape, held, row):
 
 
 def _rows(shape, rows, types, gone, came, max_rows):
+    last, more = rows.edge()
+    if (
+        more
+        and shape.order
+        and all(
+            _before(shape, last, _row(shape, image, types))
+            for image in (*gone, *came)
+        )
+    ):
+        return rows  # all of it after the rows held, as most changes are
     held, items, more = rows.held()
     # Beyond the rows held, a statement's rows are not known: past as many
     # as a fill holds, the last ones are let go.
     room = len(held) if more else max_rows + reserve_for(max_rows)
-    changed = False
     for image in gone:
         row = _row(shape, image, types)
         try:
@@ -141,7 +150,6 @@ def _rows(shape, rows, types, gone, came, max_rows):
                 raise _Unsure from None  # a row it should hold, and does not
             continue  # one of the rows after those held
         del held[at], items[at]
-        changed = True
     for image in came:
         row = _row(shape, image, types)
         at = _place(shape, held, row) if shape.order else len(held)
@@ -151,9 +159,6 @@ def _rows(shape, rows, types, gone, came, max_rows):
             continue  # after the rows held
         held.insert(at, row)
         items.insert(at, row)
-        changed = True
-    if not changed:
-        return rows  # every row it touched comes after those held
     if more and len(held) < max_rows:
         raise _Unsure  # what comes next is not held
     if room and len(held) > room:

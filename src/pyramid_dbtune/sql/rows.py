@@ -208,6 +208,15 @@ class Rows(Sequence):
         values += reserve
         return values, [*self._records, *reserve], more
 
+    def edge(self):
+        """``(last, more)``: the value tuple of the last row held (kept, or
+        in reserve; None for none), and whether the read had rows beyond
+        it."""
+        reserve, more = self._reserve
+        if reserve:
+            return reserve[-1], more
+        return (self._records[-1]._values if self._records else None), more
+
     def derive(self, items, more, keep=0):
         """Rows like these (columns, position, snapshot) of ``items``,
         each a record of these rows or a tuple of values (as
