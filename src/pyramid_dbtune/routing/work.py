@@ -106,11 +106,13 @@ class UnitOfWork:
         #: this commit waits for (:meth:`Listener.expect`).
         self._later = frozenset()
         self._token = None
-        pin = request.cookies.get(PIN_COOKIE, '')
+        # The cookie is read only where a pin can mean something: webob
+        # parses every cookie of the request to find it.
         if router.positions:
+            pin = request.cookies.get(PIN_COOKIE, '')
             self.position = read_pin(pin, router.pin_key)
         if router.replicas and router.settings.pin_after_write:
-            until = whole_number(pin)  # a time pin
+            until = whole_number(request.cookies.get(PIN_COOKIE, ''))
             self.pinned = until is not None and until > time.time()
 
     @classmethod
