@@ -1,6 +1,6 @@
 """The headline figure: the accommodation site under load, before and after.
 
-On PostgreSQL, in one run, one after the other (``headline_apps.py``):
+On PostgreSQL, in one run, up side by side (``headline_apps.py``):
 
 1. **baseline**: the site as Pyramid's starter template has one write it
    (ORM session joined to pyramid_tm, no caching, one engine, the health
@@ -17,19 +17,23 @@ On PostgreSQL, in one run, one after the other (``headline_apps.py``):
 5. **ceiling**: the same pages with every query answered from a Python
    dict: no database, no cache; the most any cache could give.
 
-``wrk`` replays a busy hour's mix (searches over a skewed spread of
-filters, property pages, a few updates) for a fixed time at each
-concurrency, each point ``--repeat`` times (the median is reported). At
-the same time, from this process: a load balancer's health check due
-every 5 ms (the rate reached is printed), and a checker that updates a
-few watched properties, through the app and, through a plain connection
-of its own, straight in the database, and runs one of wrk's searches. No
-tuned search may show a watched property older than the last update
-committed 0.1 s before the search began through the app, or 1 s before
-it straight in the database; no dogpile one older than its 30 s (and a
-refill's grace); no baseline one older at all. The ceiling is not
-checked. No request of any form, wrk's, the health checks' or the
-checker's, may fail. Either makes the run exit 1.
+Each form is warmed first, one after the other; then ``wrk`` replays a
+busy hour's mix (searches over a skewed spread of filters, property
+pages, a few updates) for a fixed time at each concurrency, each point
+``--repeat`` times (the median is reported), the forms taking turns:
+each point of every form, then the next, so that a shared machine that
+slows down or speeds up during the run weighs on every form alike. At
+the same time, from this process, against the form whose turn it is:
+a load balancer's health check due every 5 ms (the rate reached is
+printed), and a checker that updates a few watched properties, through
+the app and, through a plain connection of its own, straight in the
+database, and runs one of wrk's searches. No tuned search may show a
+watched property older than the last update committed 0.1 s before the
+search began through the app, or 1 s before it straight in the
+database; no dogpile one older than its 30 s (and a refill's grace); no
+baseline one older at all. The ceiling is not checked. No request of
+any form, wrk's, the health checks' or the checker's, may fail. Either
+makes the run exit 1.
 
     .venv/bin/python benchmarks/headline.py [--quick] [--seconds 10]
         [--repeat 3] [--chart PATH] [--require-target] [--stale-cache]
@@ -250,6 +254,15 @@ def mix_script(watched):
     return lua_script(MIX, watched)
 
 
+def lua_file(text):
+    """A file of ``text`` for wrk, gone once closed."""
+    # Closed by Served.stop, with its server.
+    script = tempfile.NamedTemporaryFile('w', suffix='.lua')  # noqa: SIM115
+    script.write(text)
+    script.flush()
+    return script
+
+
 def seed_database(url):
     """The demo's properties at ``url``; the checker's watched ids."""
     load_properties(url, PROPERTIES)
@@ -300,13 +313,25 @@ def serve(form, port, env):
 
 
 class Client(threading.Thread):
-    """A thread of this process asking the server over one connection."""
+    """A thread of this process asking the server over one connection,
+    while its form is warmed or measured (``active``)."""
 
     def __init__(self, port):
         super().__init__(daemon=True)
         self.port = port
         self.stopping = threading.Event()
+        self.active = threading.Event()
         self.failures = []
+
+    def turn(self, connection):
+        """Wait for the form's turn; False once stopping. The connection,
+        idle meanwhile, is made anew: the server may have closed it."""
+        if not self.active.is_set():
+            while not self.active.wait(0.1):
+                if self.stopping.is_set():
+                    return False
+            connection.close()
+        return not self.stopping.is_set()
 
     def ask(self, connection, method, path, body=None, headers=None):
         connection.request(method, path, body=body, headers=headers or {})
@@ -339,28 +364,31 @@ class Health(Client):
         self.seconds = 0.0
 
     def work(self, connection):
-        began = due = time.monotonic()
-        while not self.stopping.wait(max(0.0, due - time.monotonic())):
-            self.ask(connection, 'GET', '/healthz')
-            self.asked += 1
-            due += self.every
-        self.seconds = time.monotonic() - began
+        while self.turn(connection):
+            began = due = time.monotonic()
+            while self.active.is_set() and not self.stopping.wait(
+                max(0.0, due - time.monotonic())
+            ):
+                self.ask(connection, 'GET', '/healthz')
+                self.asked += 1
+                due += self.every
+            self.seconds += time.monotonic() - began
 
 
 class Checker(Client):
     """Updates the watched properties and runs one of wrk's searches.
 
     Each watched property's ``available`` date only ever moves on, one day
-    per update, across all forms; its rent is 1, so it is among the 50
-    cheapest shown. A search that shows date ``d`` shows the state of the
-    update that set ``d``.
+    per update, across all forms (``days``, shared by their checkers); its
+    rent is 1, so it is among the 50 cheapest shown. A search that shows
+    date ``d`` shows the state of the update that set ``d``.
     """
 
-    def __init__(self, port, watched, day, url, pause=0.05):
+    def __init__(self, port, watched, days, url, pause=0.05):
         super().__init__(port)
         self.watched = watched
         self.pause = pause
-        self.day = day
+        self.days = days
         self.url = url
         # (committed by, id, day, outside): the update's answer had come
         # back; ``outside``, made straight in the database.
@@ -368,36 +396,28 @@ class Checker(Client):
         # (started, {id: day}) per search.
         self.searches = []
 
-    def next_day(self):
-        self.day += 1
-        if day_text(self.day) > CHECK_SEARCH['available']:
-            raise RuntimeError(
-                'the watched dates ran past the searched one: a shorter run'
-            )
-        return day_text(self.day)
-
     def update(self, connection, id):
-        body = urllib.parse.urlencode(
-            {'rent': 1, 'available': self.next_day()}
-        )
+        day = self.days.next()
+        body = urllib.parse.urlencode({'rent': 1, 'available': day_text(day)})
         headers = {
             'X-Admin-Token': ADMIN_TOKEN,
             'Content-Type': 'application/x-www-form-urlencoded',
         }
         path = f'/admin/property/{id}'
         if self.ask(connection, 'POST', path, body, headers) is not None:
-            self.updates.append((time.monotonic(), id, self.day, False))
+            self.updates.append((time.monotonic(), id, day, False))
 
     def update_outside(self, database, id):
         """As ``psql`` or a cron job would: a plain connection, no app."""
+        day = self.days.next()
         database.execute(
             sa.text(
                 'UPDATE property SET rent = 1, available = :day WHERE id = :id'
             ),
-            {'day': self.next_day(), 'id': id},
+            {'day': day_text(day), 'id': id},
         )
         database.commit()
-        self.updates.append((time.monotonic(), id, self.day, True))
+        self.updates.append((time.monotonic(), id, day, True))
 
     def search(self, connection):
         started = time.monotonic()
@@ -418,10 +438,12 @@ class Checker(Client):
         engine.dispose()
 
     def work_with(self, connection, database):
+        if not self.turn(connection):
+            return
         for id in self.watched:  # a known state to start from
             self.update(connection, id)
         turn = 0
-        while not self.stopping.is_set():
+        while self.turn(connection):
             # Every third update straight in the database.
             id = self.watched[turn % WATCHED]
             if turn % 3 == 2:
@@ -430,7 +452,7 @@ class Checker(Client):
                 self.update(connection, id)
             turn += 1
             next_update = time.monotonic() + self.pause * 4
-            while time.monotonic() < next_update:
+            while time.monotonic() < next_update and self.active.is_set():
                 self.search(connection)
                 time.sleep(self.pause)
 
@@ -560,89 +582,147 @@ def median_of(runs):
     }
 
 
-def measure(form, env, watched, day, options, wrk):
-    """Serve ``form``, load it, check it; its figures and checks."""
-    port = free_port()
-    process = serve(form, port, env)
-    results = {}
+class Days:
+    """The watched properties' dates, as every form's checker sets them:
+    one count for all, so that a date only ever moves on."""
+
+    def __init__(self):
+        self.day = 0
+        self.lock = threading.Lock()
+
+    def next(self):
+        with self.lock:
+            self.day += 1
+            if day_text(self.day) > CHECK_SEARCH['available']:
+                raise RuntimeError(
+                    'the watched dates ran past the searched one: a shorter '
+                    'run'
+                )
+            return self.day
+
+
+class Served:
+    """A form, served, with wrk's scripts and its clients (the checker and
+    the health checks), which ask it only while it is warmed or measured:
+    the forms are up together and take turns."""
+
+    def __init__(self, form, env, watched, days, options, wrk):
+        self.form, self.options, self.wrk = form, options, wrk
+        self.port = free_port()
+        self.process = serve(form, self.port, env)
+        self.script = lua_file(mix_script(watched))
+        self.walk = lua_file(lua_script(WALK, watched))
+        # The checker from the start, warm-up included: the longer it
+        # runs, the more of its checks can fail.
+        self.checker = Checker(
+            self.port, watched, days, env['DBTUNE_HEADLINE_URL']
+        )
+        self.health = Health(self.port)
+        self.checker.start()
+        self.health.start()
+        self.runs = {c: [] for c in options.concurrencies}
+        self.warm_errors = 0
+
+    def _wrk(self, script, concurrency, seconds):
+        for client in (self.checker, self.health):
+            client.active.set()
+        try:
+            return run_wrk(self.wrk, script, self.port, concurrency, seconds)
+        finally:
+            for client in (self.checker, self.health):
+                client.active.clear()
+
+    def warm(self):
+        """Warm up: each process opens its connections and fills its
+        cache, as a site that has been up a while has: every page asked
+        for in turn (the ceiling's dict holds every property from its
+        start), then the mix."""
+        options = self.options
+        visits = self._wrk(self.walk.name, 32, options.visit)
+        warm = self._wrk(self.script.name, 32, options.warm)
+        self.warm_errors = visits['errors'] + warm['errors']
+
+    def measure(self, concurrency, turn):
+        print(
+            f'  {self.form}: concurrency {concurrency}, '
+            f'{self.options.seconds} s, {turn + 1} of {self.options.repeat}',
+            file=sys.stderr,
+        )
+        self.runs[concurrency].append(
+            self._wrk(self.script.name, concurrency, self.options.seconds)
+        )
+
+    def stop(self):
+        for client in (self.checker, self.health):
+            client.stopping.set()
+        for client in (self.checker, self.health):
+            client.join(60)
+        stop_server(self.process)
+        self.script.close()
+        self.walk.close()
+
+    def figures(self):
+        """Its figures and checks, once measured and stopped."""
+        options, checker, health = self.options, self.checker, self.health
+        results = {c: median_of(runs) for c, runs in self.runs.items()}
+        # The baseline caches nothing: it must show every committed
+        # update. Dogpile may lag by its cache time (30 s); tuned by
+        # FRESH_LAG and OUTSIDE_LAG.
+        lagging = options.cache_time + options.grace
+        allowed, outside = {
+            'dogpile': (lagging, lagging),
+            'tuned': (
+                (lagging, lagging)
+                if options.lagging
+                else (FRESH_LAG, OUTSIDE_LAG)
+            ),
+            'ceiling': (None, None),
+        }.get(self.form, (0.0, 0.0))
+        if allowed is None:  # not checked: it never reads the database
+            stale, missing, checks = [], [], 0
+            fresh_stale = []
+        else:
+            stale, missing, checks = checker.verdict(allowed, outside)
+            fresh_stale = checker.verdict(FRESH_LAG, OUTSIDE_LAG)[0]
+        failures = checker.failures + health.failures
+        return results, {
+            'warm_errors': self.warm_errors,
+            'searches': len(checker.searches),
+            'updates': len(checker.updates),
+            'health_checks': health.asked,
+            'health_rate': (
+                health.asked / health.seconds if health.seconds else 0
+            ),
+            'allowed': allowed,
+            'outside': outside,
+            'fresh_stale': fresh_stale,
+            'checks': checks,
+            'stale': stale,
+            'missing': missing,
+            'failures': failures,
+        }
+
+
+def measure(forms, env, watched, options, wrk):
+    """Serve every form, warm each, then measure them in turns: each
+    point of each form, then the next form's, so that a machine that
+    slows down or speeds up during the run weighs on every form alike.
+    Each form's figures and checks."""
+    days = Days()
+    served = []
     try:
-        with (
-            tempfile.NamedTemporaryFile('w', suffix='.lua') as script,
-            tempfile.NamedTemporaryFile('w', suffix='.lua') as walk,
-        ):
-            script.write(mix_script(watched))
-            script.flush()
-            walk.write(lua_script(WALK, watched))
-            walk.flush()
-            # The checker from the start, warm-up included: the longer it
-            # runs, the more of its checks can fail.
-            checker = Checker(port, watched, day, env['DBTUNE_HEADLINE_URL'])
-            health = Health(port)
-            checker.start()
-            health.start()
-            # Warm up: each process opens its connections and fills its
-            # cache, as a site that has been up a while has: every page
-            # asked for in turn (the ceiling's dict holds every property
-            # from its start), then the mix.
-            visits = run_wrk(wrk, walk.name, port, 32, options.visit)
-            warm = run_wrk(wrk, script.name, port, 32, options.warm)
-            for concurrency in options.concurrencies:
-                runs = []
-                for turn in range(options.repeat):
-                    print(
-                        f'  {form}: concurrency {concurrency}, '
-                        f'{options.seconds} s, {turn + 1} of '
-                        f'{options.repeat}',
-                        file=sys.stderr,
-                    )
-                    runs.append(
-                        run_wrk(
-                            wrk,
-                            script.name,
-                            port,
-                            concurrency,
-                            options.seconds,
-                        )
-                    )
-                results[concurrency] = median_of(runs)
-            for client in (checker, health):
-                client.stopping.set()
-                client.join(60)
+        for form in forms:
+            served.append(Served(form, env, watched, days, options, wrk))
+        for form in served:
+            form.warm()
+        for concurrency in options.concurrencies:
+            for turn in range(options.repeat):
+                for form in served:
+                    form.measure(concurrency, turn)
     finally:
-        stop_server(process)
-    # The baseline caches nothing: it must show every committed update.
-    # Dogpile may lag by its cache time (30 s); tuned by FRESH_LAG and
-    # OUTSIDE_LAG.
-    lagging = options.cache_time + options.grace
-    allowed, outside = {
-        'dogpile': (lagging, lagging),
-        'tuned': (
-            (lagging, lagging) if options.lagging else (FRESH_LAG, OUTSIDE_LAG)
-        ),
-        'ceiling': (None, None),
-    }.get(form, (0.0, 0.0))
-    if allowed is None:  # not checked: it never reads the database
-        stale, missing, checks = [], [], 0
-        fresh_stale = []
-    else:
-        stale, missing, checks = checker.verdict(allowed, outside)
-        fresh_stale = checker.verdict(FRESH_LAG, OUTSIDE_LAG)[0]
-    failures = checker.failures + health.failures
-    return results, {
-        'warm_errors': visits['errors'] + warm['errors'],
-        'searches': len(checker.searches),
-        'updates': len(checker.updates),
-        'health_checks': health.asked,
-        'health_rate': health.asked / health.seconds if health.seconds else 0,
-        'allowed': allowed,
-        'outside': outside,
-        'fresh_stale': fresh_stale,
-        'checks': checks,
-        'stale': stale,
-        'missing': missing,
-        'failures': failures,
-        'last_day': checker.day,
-    }
+        for form in served:
+            form.stop()
+    return {form.form: form.figures() for form in served}
 
 
 def report(results, checks, options):
@@ -873,12 +953,9 @@ def main(argv=None):
             'DBTUNE_HEADLINE_LAGGING': '1' if options.lagging else '',
         }
         install_triggers(env)
-        day = 0
-        for form in options.forms:
-            results[form], checks[form] = measure(
-                form, env, watched, day, options, wrk
-            )
-            day = checks[form]['last_day']
+        measured = measure(options.forms, env, watched, options, wrk)
+        for form, (figures, check) in measured.items():
+            results[form], checks[form] = figures, check
     finally:
         # Cleaning up: a second SIGTERM must not stop it half way.
         signal.signal(signal.SIGTERM, signal.SIG_IGN)
