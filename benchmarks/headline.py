@@ -94,7 +94,10 @@ WARM = 10
 #: ... and, before those, seconds of wrk asking for every property page
 #: and every search page in turn (WALK), as a site that has been up a
 #: while has been asked: the ceiling holds every property from its start.
-VISIT = 20
+#: A request reaches one of a form's processes at random: in 60 s a form
+#: that caches is asked for each page five times or more, and each of its
+#: processes has had nearly all of them, as within the mix's first hour.
+VISIT = 60
 #: The checker's properties: updated only by it, never by wrk.
 WATCHED = 5
 #: One of wrk's own searches (the most asked for of each filter), so that
