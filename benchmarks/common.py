@@ -48,13 +48,14 @@ def best_of_rounds(measures, rounds):
     return best
 
 
-def postgresql_scratch():
-    """A URL for a new schema of its own, and a function that drops it.
+def postgresql_scratch(name=''):
+    """A URL for a new schema of its own (``name`` tells apart several of
+    one process), and a function that drops it.
 
     Raises :class:`sqlalchemy.exc.OperationalError` without a server.
     """
     admin = sa.create_engine(POSTGRESQL_URL)
-    schema = f'dbtune_bench_{os.getpid()}'
+    schema = f'dbtune_bench_{os.getpid()}{name}'
     try:
         with admin.begin() as connection:
             connection.exec_driver_sql(f'CREATE SCHEMA {schema}')
