@@ -47,20 +47,13 @@ def patch(shape, rows, params, old, new, max_rows, tests=None):
         return None
 
 
-def _like(rows, data, truncated):
-    return type(rows)(
-        rows.columns, data, truncated=truncated, position=rows.position,
-        snapshot=rows.snapshot,
-    )  # fmt: skip
-
-
 def _count(rows, delta):
     if len(rows) != 1 or len(rows.columns) != 1:
         raise _Unsure
     (value,) = rows[0]
     if isinstance(value, bool) or not isinstance(value, int):
         raise _Unsure
-    return _like(rows, [(value + delta,)], False)
+    return rows.derive([(value + delta,)], False)
 
 
 def _types(rows):
@@ -195,7 +188,7 @@ def _groups(shape, rows, types, gone, came, max_rows):
     kept = [r for r in held if r[counted]]
     if max_rows and len(kept) > max_rows:
         raise _Unsure  # which groups max_rows keeps: not told here
-    return _like(rows, kept, False)
+    return rows.derive(kept, False)
 
 
 def _empty(shape, group, floors):
