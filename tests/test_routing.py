@@ -764,12 +764,28 @@ def test_dbsession_reads_from_the_writer_while_readers_are_down(
 # What a review of the routing found; each was once broken.
 
 
-def test_a_subrequest_shares_the_transaction_and_its_writes(db_url):
-    set_rent = {
-        'name': 'set_rent',
-        'sql': 'UPDATE property SET rent = :rent WHERE id = :id',
-    }
+SET_RENT = {
+    'name': 'set_rent',
+    'sql': 'UPDATE property SET rent = :rent WHERE id = :id',
+}
 
+
+def parent_and_child(db_url, parent, child, **settings):
+    """An app of views ``parent`` (``/parent``) and ``child``
+    (``/child``), with the rents and set_rent SQL methods."""
+    create_tables(db_url)
+    with Configurator(settings={'dbtune.url': db_url, **settings}) as config:
+        config.include('pyramid_dbtune')
+        config.add_sql_method(**CACHED_RENTS)
+        config.add_sql_method(**SET_RENT)
+        config.add_route('parent', '/parent')
+        config.add_view(parent, route_name='parent', renderer='json')
+        config.add_route('child', '/child')
+        config.add_view(child, route_name='child', renderer='json')
+        return TestApp(config.make_wsgi_app())
+
+
+def test_a_subrequest_shares_the_transaction_and_its_writes(db_url):
     def parent(request):
         request.sql.set_rent(id=1, rent=111)
         sub = Request.blank('/child')
@@ -781,18 +797,9 @@ def test_a_subrequest_shares_the_transaction_and_its_writes(db_url):
         request.sql.set_rent(id=2, rent=222)
         return [r.rent for r in request.sql.rents()]
 
-    create_tables(db_url)
-    with Configurator(
-        settings={'dbtune.url': db_url, 'dbtune.write_timeout': '1'}
-    ) as config:
-        config.include('pyramid_dbtune')
-        config.add_sql_method(**CACHED_RENTS)
-        config.add_sql_method(**set_rent)
-        config.add_route('parent', '/parent')
-        config.add_view(parent, route_name='parent', renderer='json')
-        config.add_route('child', '/child')
-        config.add_view(child, route_name='child', renderer='json')
-        app = TestApp(config.make_wsgi_app())
+    app = parent_and_child(
+        db_url, parent, child, **{'dbtune.write_timeout': '1'}
+    )
     # The child saw the parent's write, and did not wait for its slot.
     assert app.get('/parent').json == [111, 222, 80, 70]
     assert call_rents(app) == [111, 222, 333, 70]
@@ -800,10 +807,6 @@ def test_a_subrequest_shares_the_transaction_and_its_writes(db_url):
 
 
 def test_a_unit_made_by_a_subrequest_that_ended_serves_its_parent(db_url):
-    set_rent = {
-        'name': 'set_rent',
-        'sql': 'UPDATE property SET rent = :rent WHERE id = :id',
-    }
     seen = []
 
     def parent(request):
@@ -817,16 +820,7 @@ def test_a_unit_made_by_a_subrequest_that_ended_serves_its_parent(db_url):
     def child(request):
         return [r.rent for r in request.sql.rents()]
 
-    create_tables(db_url)
-    with Configurator(settings={'dbtune.url': db_url}) as config:
-        config.include('pyramid_dbtune')
-        config.add_sql_method(**CACHED_RENTS)
-        config.add_sql_method(**set_rent)
-        config.add_route('parent', '/parent')
-        config.add_view(parent, route_name='parent', renderer='json')
-        config.add_route('child', '/child')
-        config.add_view(child, route_name='child', renderer='json')
-        app = TestApp(config.make_wsgi_app())
+    app = parent_and_child(db_url, parent, child)
     assert app.get('/parent').json == [111, 120, 80, 70]
     assert seen[0].path == '/parent'
     assert call_rents(app) == [111, 120, 80, 70]
