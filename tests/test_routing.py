@@ -1,12 +1,10 @@
 """Read/write splitting with real threads on real servers: reads in
 parallel, writes serialised, read-your-writes, failover, retries, pins."""
 
-import gc
 import logging
 import os
 import threading
 import uuid
-import weakref
 
 import pytest
 import sqlalchemy as sa
@@ -803,52 +801,6 @@ def test_a_subrequest_shares_the_transaction_and_its_writes(db_url):
     # The child saw the parent's write, and did not wait for its slot.
     assert app.get('/parent').json == [111, 222, 80, 70]
     assert call_rents(app) == [111, 222, 333, 70]
-    app.app.registry.dbtune.router.dispose()
-
-
-def test_a_unit_made_by_a_subrequest_that_ended_serves_its_parent(db_url):
-    seen = []
-
-    def parent(request):
-        # The subrequest reads first, and so makes the transaction's unit
-        # of work; it has ended, and is gone, when the parent writes.
-        request.invoke_subrequest(Request.blank('/child'), use_tweens=False)
-        request.sql.set_rent(id=1, rent=111)
-        seen.append(request.dbtune.unit.request)
-        return [r.rent for r in request.sql.rents()]
-
-    def child(request):
-        return [r.rent for r in request.sql.rents()]
-
-    app = parent_and_child(db_url, parent, child)
-    assert app.get('/parent').json == [111, 120, 80, 70]
-    assert seen[0].path == '/parent'
-    assert call_rents(app) == [111, 120, 80, 70]
-    app.app.registry.dbtune.router.dispose()
-
-
-def test_a_request_is_freed_as_it_ends_not_by_the_collector(db_url):
-    requests = []
-
-    def view(request):
-        requests.append(weakref.ref(request))
-        return [r.rent for r in request.sql.rents()]
-
-    create_tables(db_url)
-    with Configurator(settings={'dbtune.url': db_url}) as config:
-        config.include('pyramid_dbtune')
-        config.add_sql_method(**CACHED_RENTS)
-        config.add_route('view', '/view')
-        config.add_view(view, route_name='view', renderer='json')
-        app = TestApp(config.make_wsgi_app())
-    gc.disable()
-    try:
-        assert app.get('/view').json == [90, 120, 80, 70]
-        # No cycle holds it (through request.dbtune's unit of work): the
-        # collector would otherwise walk each one, and all it holds.
-        assert requests[0]() is None
-    finally:
-        gc.enable()
     app.app.registry.dbtune.router.dispose()
 
 

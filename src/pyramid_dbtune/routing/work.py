@@ -20,7 +20,6 @@ import hmac
 import json
 import logging
 import time
-import weakref
 from time import perf_counter
 
 import sqlalchemy as sa
@@ -84,10 +83,7 @@ class UnitOfWork:
     """
 
     def __init__(self, request, router, cache):
-        # Weakly: the request holds its unit (``request.dbtune.unit``), and
-        # a cycle would leave every request, its environ and its response
-        # to the garbage collector instead of freeing them as it ends.
-        self._request = weakref.ref(request)
+        self.request = request
         self.router = router
         self.cache = cache
         #: True from the first write until its transaction ends.
@@ -127,20 +123,11 @@ class UnitOfWork:
         except transaction.interfaces.NoTransaction:
             return cls(request, router, cache)
         try:
-            unit = txn.data(router)
+            return txn.data(router)
         except KeyError:
             unit = cls(request, router, cache)
             txn.set_data(router, unit)
             return unit
-        if unit.request is None:  # made by a subrequest that has ended
-            unit._request = weakref.ref(request)
-        return unit
-
-    @property
-    def request(self):
-        """The request this unit serves: the first of its transaction's
-        that is still running."""
-        return self._request()
 
     @property
     def session(self):
