@@ -245,6 +245,17 @@ def test_a_row_that_leaves_a_full_window_is_made_good_from_the_reserve():
     assert grown.held()[2] and grown.truncated
 
 
+def test_a_row_that_leaves_is_found_where_no_order_can_be_told():
+    # Titles a collation orders: which comes after the last, unknown; the
+    # row that leaves is found among those held all the same.
+    shape = read_shape('SELECT id, title FROM property ORDER BY title', T)
+    rows = Rows(('id', 'title'), [(1, 'a'), (2, 'b')]).derive(
+        [(1, 'a'), (2, 'b'), (3, 'c')], True, 2
+    )
+    left = patch(shape, rows, {}, [{'id': 1, 'title': 'a'}], [], 2)
+    assert left.tuples() == ((2, 'b'), (3, 'c'))
+
+
 def test_a_row_is_patched_in_as_the_driver_gave_its_columns():
     rows = Rows(('id', 'rent', 'when'), [(1, Decimal('80.50'), None)])
     shape = read_shape('SELECT id, rent, when FROM property ORDER BY id', T)

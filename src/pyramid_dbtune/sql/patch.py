@@ -119,16 +119,20 @@ def _place(shape, held, row):
     return low
 
 
+def _after(shape, last, types, images):
+    """Whether every row of ``images`` comes after ``last``: False where
+    that cannot be told (a NULL, a string a collation orders)."""
+    try:
+        return all(
+            _before(shape, last, _row(shape, image, types)) for image in images
+        )
+    except _Unsure:
+        return False
+
+
 def _rows(shape, rows, types, gone, came, max_rows):
     last, more = rows.edge()
-    if (
-        more
-        and shape.order
-        and all(
-            _before(shape, last, _row(shape, image, types))
-            for image in (*gone, *came)
-        )
-    ):
+    if more and shape.order and _after(shape, last, types, (*gone, *came)):
         return rows  # all of it after the rows held, as most changes are
     held, items, more = rows.held()
     # Beyond the rows held, a statement's rows are not known: past as many
