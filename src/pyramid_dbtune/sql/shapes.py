@@ -338,10 +338,7 @@ def holds_for(tests, image):
             return None
         if value is None or wanted is None:
             return False  # a comparison with NULL holds for no row
-        try:
-            holds = _TRUTH[op][_remembered(value, wanted)]
-        except TypeError:  # unhashable: a JSON array, say
-            holds = _TRUTH[op][_compare(value, wanted)]
+        holds = _TRUTH[op][compare(value, wanted)]
         if holds is False:
             return False
         if holds is None:
