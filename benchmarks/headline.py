@@ -45,6 +45,7 @@ server of ``DBTUNE_TEST_POSTGRESQL``.
 """
 
 import argparse
+import contextlib
 import datetime
 import http.client
 import json
@@ -614,7 +615,6 @@ class Served:
     def __init__(self, form, env, watched, days, options, wrk):
         self.form, self.options, self.wrk = form, options, wrk
         self.port = free_port()
-        self.process = serve(form, self.port, env)
         self.script = lua_file(mix_script(watched))
         self.walk = lua_file(lua_script(WALK, watched))
         # The checker from the start, warm-up included: the longer it
@@ -623,6 +623,8 @@ class Served:
             self.port, watched, days, env['DBTUNE_HEADLINE_URL']
         )
         self.health = Health(self.port)
+        # Served last: nothing after it can fail and leave it running.
+        self.process = serve(form, self.port, env)
         self.checker.start()
         self.health.start()
         self.runs = {c: [] for c in options.concurrencies}
@@ -723,20 +725,19 @@ def measure(forms, envs, watched, options, wrk):
     Each form's figures and checks."""
     days = Days()
     served = []
-    try:
+    # Every form served is stopped, even where stopping another fails.
+    with contextlib.ExitStack() as stack:
         for form in forms:
             served.append(
                 Served(form, envs[form], watched, days, options, wrk)
             )
+            stack.callback(served[-1].stop)
         for form in served:
             form.warm()
         for concurrency in options.concurrencies:
             for turn in range(options.repeat):
                 for form in served:
                     form.measure(concurrency, turn)
-    finally:
-        for form in served:
-            form.stop()
     return {form.form: form.figures() for form in served}
 
 
