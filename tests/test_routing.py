@@ -1,10 +1,12 @@
 """Read/write splitting with real threads on real servers: reads in
 parallel, writes serialised, read-your-writes, failover, retries, pins."""
 
+import gc
 import logging
 import os
 import threading
 import uuid
+import weakref
 
 import pytest
 import sqlalchemy as sa
@@ -801,6 +803,52 @@ def test_a_subrequest_shares_the_transaction_and_its_writes(db_url):
     # The child saw the parent's write, and did not wait for its slot.
     assert app.get('/parent').json == [111, 222, 80, 70]
     assert call_rents(app) == [111, 222, 333, 70]
+    app.app.registry.dbtune.router.dispose()
+
+
+def test_a_subrequest_makes_the_unit_its_parent_writes_in(db_url):
+    # The child's read makes the transaction's unit; the parent, holding
+    # the child's request still, writes in it after the child has ended.
+    def parent(request):
+        sub = Request.blank('/child')
+        answer = request.invoke_subrequest(sub, use_tweens=False)
+        request.sql.set_rent(id=3, rent=333)
+        return [answer.json, sub.path]
+
+    def child(request):
+        return [r.rent for r in request.sql.rents()]
+
+    app = parent_and_child(db_url, parent, child)
+    assert app.get('/parent').json == [[90, 120, 80, 70], '/child']
+    assert call_rents(app) == [90, 120, 333, 70]
+    app.app.registry.dbtune.router.dispose()
+
+
+def test_a_request_is_freed_as_it_ends(db_url):
+    # Reference counting frees it, with no garbage collection: nothing of
+    # pyramid_dbtune holds it in a cycle once it has ended.
+    seen, callbacks = [], []
+
+    def parent(request):
+        seen.append(weakref.ref(request))
+        request.add_finished_callback(
+            lambda request: callbacks.append(request.dbtune.unit.request)
+        )
+        if 'write' in request.params:
+            request.sql.set_rent(id=4, rent=44)
+        return [r.rent for r in request.sql.rents()]
+
+    app = parent_and_child(db_url, parent, parent)
+    gc.disable()
+    try:
+        for path in ('/parent', '/parent?write=1'):
+            app.get(path)
+            # The finished callbacks of the app ran before it let go.
+            assert callbacks.pop() is not None
+            assert seen.pop()() is None
+    finally:
+        gc.enable()
+    assert call_rents(app) == [90, 120, 80, 44]
     app.app.registry.dbtune.router.dispose()
 
 
