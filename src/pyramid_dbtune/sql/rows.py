@@ -5,30 +5,35 @@ immutable; they pickle as plain tuples, never as driver or SQLAlchemy
 objects.
 """
 
+from collections import namedtuple
 from collections.abc import Sequence
 
 
-class Record:
+class Record(tuple):
     """One row: ``record.rent``, ``record['rent']`` and ``record[3]``.
 
-    A record compares equal to another record with the same columns and
-    values, and to a tuple of its values. Where a statement returns two
-    columns of one name, the name gives the first of them.
+    A record is a tuple of its values, with its columns' names. It
+    compares equal to another record with the same columns and values,
+    and to a tuple of its values. Where a statement returns two columns of
+    one name, the name gives the first of them.
     """
 
-    __slots__ = ('_values', '_index')
+    __slots__ = ()
+    #: Column name: position. The class of a set of columns has its own.
+    _index = {}
+    #: The names of its columns, first to last, where each names one.
+    _names = ()
 
-    def __init__(self, values, index):
-        object.__setattr__(self, '_values', tuple(values))
-        object.__setattr__(self, '_index', index)
+    def __new__(cls, values=(), index=None):
+        if index is not None:
+            cls = _record_class(tuple(index.items()))
+        return tuple.__new__(cls, values)
 
     def __getattr__(self, name):
-        # Only called when normal lookup fails; the guard stops recursion
-        # on a half-built record (copy, pickle).
-        if name in Record.__slots__:
-            raise AttributeError(name)
+        # Only called when normal lookup fails: a column whose name
+        # cannot be an attribute of the class, or none.
         try:
-            return self._values[self._index[name]]
+            return tuple.__getitem__(self, self._index[name])
         except KeyError:
             raise AttributeError(
                 f'record has no column {name!r}; columns: '
@@ -38,10 +43,10 @@ class Record:
     def __getitem__(self, key):
         if isinstance(key, str):
             try:
-                return self._values[self._index[key]]
+                key = self._index[key]
             except KeyError:
                 raise KeyError(key) from None
-        return self._values[key]
+        return tuple.__getitem__(self, key)
 
     def __setattr__(self, name, value):
         raise AttributeError('records are immutable')
@@ -49,27 +54,23 @@ class Record:
     def __delattr__(self, name):
         raise AttributeError('records are immutable')
 
-    def __len__(self):
-        return len(self._values)
-
-    def __iter__(self):
-        return iter(self._values)
-
     def __eq__(self, other):
-        if isinstance(other, Record):
-            return (
-                self._values == other._values
-                and self._index.keys() == other._index.keys()
-            )
+        if isinstance(other, Record) and (
+            self._index.keys() != other._index.keys()
+        ):
+            return False
         if isinstance(other, tuple):
-            return self._values == other
+            return tuple.__eq__(self, other)
         return NotImplemented
 
-    def __hash__(self):
-        return hash(self._values)
+    def __ne__(self, other):
+        equal = self.__eq__(other)
+        return equal if equal is NotImplemented else not equal
+
+    __hash__ = tuple.__hash__
 
     def __reduce__(self):
-        return (Record, (self._values, self._index))
+        return (Record, (tuple(self), self._index))
 
     def __repr__(self):
         fields = ' '.join(f'{k}={self[k]!r}' for k in self._index)
@@ -77,7 +78,9 @@ class Record:
 
     def _asdict(self):
         """The record as a dict of column name to value."""
-        return {name: self._values[i] for name, i in self._index.items()}
+        if self._names is not None:
+            return dict(zip(self._names, self, strict=False))
+        return {name: self[name] for name in self._index}
 
     @property
     def _fields(self):
@@ -94,31 +97,50 @@ def _index(columns):
 
 _CLASSES = {}
 _MAX_CLASSES = 1000
+_GETTERS = ()
 
 
 def _column(position):
-    return property(lambda record: record._values[position])
+    """What reads item ``position`` of a tuple as an attribute: the getter
+    of a namedtuple's field, which Python runs without a frame of its
+    own (a page reads hundreds of them)."""
+    global _GETTERS
+    if position >= len(_GETTERS):
+        size = max(position + 1, 2 * len(_GETTERS), 32)
+        fields = namedtuple('Fields', [f'c{n}' for n in range(size)])
+        _GETTERS = tuple(vars(fields)[f'c{n}'] for n in range(size))
+    return _GETTERS[position]
 
 
-def _record_class(columns, index):
-    """A :class:`Record` class whose columns are properties.
+def _record_class(items):
+    """The :class:`Record` class of columns ``items`` (``(name,
+    position)`` pairs), whose columns are attributes.
 
-    ``record.rent`` is how pages read rows; a property is ten times as
-    quick as :meth:`Record.__getattr__`, which Python calls only after its
-    own lookup has failed. One class per set of columns, made once.
+    ``record.rent`` is how pages read rows: an attribute of the class is
+    ten times as quick as :meth:`Record.__getattr__`, which Python calls
+    only after its own lookup has failed. One class per set of columns,
+    made once.
     """
-    made = _CLASSES.get(columns)
+    made = _CLASSES.get(items)
     if made is None:
         attributes = {
             name: _column(position)
-            for name, position in index.items()
+            for name, position in items
             if name.isidentifier()
             and not name.startswith('_')
-            and not hasattr(Record, name)
+            and name not in Record.__dict__
         }
-        made = type('Record', (Record,), {'__slots__': (), **attributes})
+        index = dict(items)
+        names = tuple(index)
+        if list(index.values()) != list(range(len(names))):
+            names = None  # a name given twice: zip() would pair them wrong
+        made = type(
+            'Record',
+            (Record,),
+            {'__slots__': (), '_index': index, '_names': names, **attributes},
+        )
         if len(_CLASSES) < _MAX_CLASSES:
-            _CLASSES[columns] = made
+            _CLASSES[items] = made
     return made
 
 
@@ -147,9 +169,8 @@ class Rows(Sequence):
         position=None, snapshot=None,
     ):  # fmt: skip
         columns = tuple(columns)
-        index = _index(columns)
-        record = _record_class(columns, index)
-        records = tuple(record(row, index) for row in data)
+        record = _record_class(tuple(_index(columns).items()))
+        records = tuple(map(record, data))
         _set(self, columns, records, (), truncated, rowcount, position,
              snapshot)  # fmt: skip
 
@@ -161,9 +182,7 @@ class Rows(Sequence):
 
     def __getitem__(self, index):
         if isinstance(index, slice):
-            return Rows(
-                self.columns, (r._values for r in self._records[index])
-            )
+            return Rows(self.columns, self._records[index])
         return self._records[index]
 
     def __len__(self):
@@ -195,7 +214,7 @@ class Rows(Sequence):
 
     def tuples(self):
         """The rows as a tuple of plain value tuples."""
-        return tuple(r._values for r in self._records)
+        return tuple(map(tuple, self._records))
 
     def held(self):
         """``(values, items, more)``: new lists of the value tuples of the
@@ -204,7 +223,7 @@ class Rows(Sequence):
         whether the read had rows beyond them. :meth:`derive` takes
         ``items`` back."""
         reserve, more = self._reserve
-        values = [r._values for r in self._records]
+        values = list(map(tuple, self._records))
         values += reserve
         return values, [*self._records, *reserve], more
 
@@ -215,7 +234,7 @@ class Rows(Sequence):
         reserve, more = self._reserve
         if reserve:
             return reserve[-1], more
-        return (self._records[-1]._values if self._records else None), more
+        return (tuple(self._records[-1]) if self._records else None), more
 
     def derive(self, items, more, keep=0):
         """Rows like these (columns, position, snapshot) of ``items``,
@@ -224,20 +243,14 @@ class Rows(Sequence):
         the rest in reserve; ``more``, whether rows follow them. Records
         are reused, not made anew."""
         if self._records:
-            first = self._records[0]
-            record, index = type(first), first._index
+            record = type(self._records[0])
         else:
-            index = _index(self.columns)
-            record = _record_class(self.columns, index)
+            record = _record_class(tuple(_index(self.columns).items()))
         kept = items[:keep] if keep else items
         records = tuple(
-            item if isinstance(item, Record) else record(item, index)
-            for item in kept
+            item if isinstance(item, Record) else record(item) for item in kept
         )
-        reserve = tuple(
-            item._values if isinstance(item, Record) else tuple(item)
-            for item in items[len(kept) :]
-        )
+        reserve = tuple(map(tuple, items[len(kept) :]))
         derived = object.__new__(Rows)
         _set(derived, self.columns, records, reserve, more, -1,
              self.position, self.snapshot)  # fmt: skip
