@@ -258,7 +258,8 @@ def test_a_change_reaching_a_read_by_two_tags_is_applied_once():
 def test_changes_apply_when_a_read_is_next_asked_for():
     """A change is noted against the reads it may touch, and applied to
     one when it is next asked for: in order, with those after it. Too
-    many changes waiting, and the rows are dropped instead."""
+    many changes waiting, and they are applied then; rows they cannot be
+    applied to are dropped."""
     from pyramid_dbtune.cache import Watch
     from pyramid_dbtune.cache.memory import MAX_PENDING
     from pyramid_dbtune.sql.shapes import Change, read_shape
@@ -279,11 +280,20 @@ def test_changes_apply_when_a_read_is_next_asked_for():
     elsewhere = {'area': 'y'}  # told by tag, but not one of its rows
     for xid in range(14, 14 + MAX_PENDING):
         cache.invalidate({'area'}, [Change('t', (), (elsewhere,), xid)])
-    # 'a' has 64 changes waiting, 'b' had 67: it was dropped.
+    # 'a' has 64 changes waiting; 'b' had 67, applied as the last came.
+    assert cache.patches == 2
     value, status = cache.get_or_fill(key('a'), 60, watch, fill, held)
     assert status == HIT and value.tuples() == ((8,),)
+    value, status = cache.get_or_fill(key('b'), 60, watch, fill, held)
+    assert status == HIT and value.tuples() == ((8,),)
+    assert cache.patches == 2 and cache.invalidations == 0
+    # Changes that cannot be applied (no snapshot tells which it holds,
+    # and they touch it) drop it, as they come or when it is read.
+    unsure = {'area': 'x'}
+    for _ in range(MAX_PENDING + 1):
+        cache.invalidate({'area'}, [Change('t', (), (unsure,), None)])
     assert cache.get_or_fill(key('b'), 60, watch, fill, held)[1] == MISS
-    assert cache.invalidations == 1
+    assert cache.invalidations == 2
 
 
 def test_an_entry_gives_the_garbage_collector_little_to_walk(sqlite_url):

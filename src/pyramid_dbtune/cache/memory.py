@@ -74,7 +74,8 @@ class Watch(frozenset):
         return watch
 
 
-#: Changes an entry may have waiting to be applied; one more drops it.
+#: Changes an entry may have waiting to be applied; with one more, they
+#: are applied then (a read asked for rarely is kept, not dropped).
 MAX_PENDING = 64
 
 
@@ -280,11 +281,12 @@ class MemoryCache:
         """Note the changes ``told`` of its table for the rows of ``key``,
         to apply when next read; drop them where they cannot be."""
         changes = _told(entry.tables, told, tables)
-        pending = entry.pending or []
-        if changes is None or len(pending) + len(changes) > MAX_PENDING:
+        if changes is None:
             self._drop(key)
-        else:
-            entry.pending = pending + changes
+            return
+        entry.pending = (entry.pending or []) + changes
+        if len(entry.pending) > MAX_PENDING:
+            self._catch_up(key, entry)
 
     def _drop(self, key):
         self._remove(key)
