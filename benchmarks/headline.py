@@ -99,6 +99,15 @@ WARM = 10
 #: that caches is asked for each page five times or more, and each of its
 #: processes has had nearly all of them, as within the mix's first hour.
 VISIT = 60
+#: The tuned form, which keeps what it read for an hour, walks on past
+#: VISIT until it has been asked for every page this many times (each of
+#: two processes has then had 98% of them, as a site up for an hour has
+#: had them all), for VISIT_MOST seconds at the most: in a slow hour, 60 s
+#: asked for each page twice, and a tuned search page in ten missed.
+WALK_ROUNDS = 6
+VISIT_MOST = 300
+#: Seconds of each further walk.
+VISIT_STEP = 20
 #: Seconds of wrk's mix, not measured, before each of a form's turns.
 RESUME = 2
 #: The checker's properties: updated only by it, never by wrk.
@@ -646,8 +655,22 @@ class Served:
         start), then the mix."""
         options = self.options
         visits = self._wrk(self.walk.name, 32, options.visit)
+        asked, spent = visits['requests'], options.visit
+        errors = visits['errors']
+        wanted = options.rounds * (PROPERTIES + SEARCHES)
+        if self.form == 'tuned' and not options.lagging:
+            while asked < wanted and spent < VISIT_MOST:
+                visits = self._wrk(self.walk.name, 32, VISIT_STEP)
+                asked += visits['requests']
+                spent += VISIT_STEP
+                errors += visits['errors']
+            print(
+                f'  {self.form}: asked for each page '
+                f'{asked / (PROPERTIES + SEARCHES):.1f} times in {spent} s',
+                file=sys.stderr,
+            )
         warm = self._wrk(self.script.name, 32, options.warm)
-        self.warm_errors = visits['errors'] + warm['errors']
+        self.warm_errors = errors + warm['errors']
 
     def measure(self, concurrency, turn):
         print(
@@ -930,6 +953,7 @@ def main(argv=None):
     options.concurrencies = (1, 8, 32)
     options.warm = WARM
     options.visit = VISIT
+    options.rounds = WALK_ROUNDS
     options.resume = RESUME
     # The checker's own test: searches that lag, for longer than allowed.
     options.lagging = options.lagging or options.stale_cache
@@ -941,6 +965,7 @@ def main(argv=None):
         # too, so that the checker's rule can fail within the run.
         options.seconds, options.repeat, options.cache_time = 1, 1, 1
         options.warm = options.visit = 1
+        options.rounds = 0
         options.resume = 0
         options.enough = 1
         # A four-second run leaves too few checks a two-second grace.
