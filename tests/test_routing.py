@@ -16,6 +16,7 @@ from pyramid.request import Request
 from pyramid.response import Response
 from pyramid.scripting import prepare
 from pyramid_retry import IRetryableError
+from transaction.interfaces import NoTransaction
 from webtest import TestApp
 
 from pyramid_dbtune import WriteInReadError, WriteSlotTimeout
@@ -846,6 +847,14 @@ def test_a_request_is_freed_as_it_ends(db_url):
             # The finished callbacks of the app ran before it let go.
             assert callbacks.pop() is not None
             assert seen.pop()() is None
+            # Letting go began no transaction (the app's manager is
+            # transaction.manager, which begins one when asked for it).
+            transaction.manager.explicit = True
+            try:
+                with pytest.raises(NoTransaction):
+                    transaction.manager.get()
+            finally:
+                transaction.manager.explicit = False
     finally:
         gc.enable()
     assert call_rents(app) == [90, 120, 80, 44]

@@ -95,6 +95,8 @@ class UnitOfWork:
         self.position = NO_POSITION
         self.write_wait = 0.0
         self._session = self._reader = None
+        #: The transaction it serves, once it serves one.
+        self._txn = None
         self._tables = set()
         self._tags = set()
         self._changes = []
@@ -126,8 +128,13 @@ class UnitOfWork:
             return txn.data(router)
         except KeyError:
             unit = cls(request, router, cache)
-            txn.set_data(router, unit)
+            unit._join(txn)
             return unit
+
+    def _join(self, txn):
+        """Serve transaction ``txn``: the unit its requests share."""
+        txn.set_data(self.router, self)
+        self._txn = txn
 
     def ended(self, request):
         """A finished callback of each request this unit serves: once the
@@ -142,9 +149,12 @@ class UnitOfWork:
         if request.finished_callbacks:
             request.add_finished_callback(self.ended)  # the others first
             return
+        # Not request.tm.get(): with an implicit manager, it would begin
+        # a transaction.
+        txn = self._txn
         try:
-            going_on = request.tm.get().data(self.router) is self
-        except (transaction.interfaces.NoTransaction, KeyError):
+            going_on = txn is not None and txn.data(self.router) is self
+        except KeyError:  # it ended: an ended transaction forgets its data
             going_on = False
         if not going_on:
             self.request = None
@@ -219,7 +229,7 @@ class UnitOfWork:
                 raise
             self.dirty = True  # and the slot is held until the end
             self.router.write_transactions += 1
-            txn.set_data(self.router, self)
+            self._join(txn)
             txn.addBeforeCommitHook(self._before_commit)
             txn.addAfterCommitHook(self._after_commit)
             txn.addAfterAbortHook(self._finish)
