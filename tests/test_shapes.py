@@ -289,6 +289,8 @@ def test_a_count_goes_up_and_down():
     assert patch(
         COUNT, rows, PARAMS, [row(1, 90)], [row(1, 120)], 0
     ).tuples() == ((9,),)  # fmt: skip
+    # A row that still counts after it changed: the same rows.
+    assert patch(COUNT, rows, PARAMS, [row(1, 90)], [row(1, 80)], 0) is rows
     assert patch(COUNT, rows, PARAMS, [row(1, 90, 'headingley')], [], 0) is (
         None
     )

@@ -53,6 +53,8 @@ def _count(rows, delta):
     (value,) = rows[0]
     if isinstance(value, bool) or not isinstance(value, int):
         raise _Unsure
+    if not delta:  # a row changed, and counts still
+        return rows
     return rows.derive([(value + delta,)], False)
 
 
@@ -92,13 +94,24 @@ def _row(shape, image, types):
     )
 
 
+def _sort_key(shape, image, types):
+    """What :func:`_before` reads of a row image: the values it is
+    ordered by, by their place in the row."""
+    items = shape.items
+    return {n: _as(image[items[n][1]], types[n]) for n, _ in shape.order}
+
+
 def _before(shape, a, b):
     """Whether row ``a`` comes before row ``b`` (False where they tie);
     :class:`_Unsure` where that cannot be told."""
     for n, descending in shape.order:
-        if a[n] is None or b[n] is None:
+        x, y = a[n], b[n]
+        if x is None or y is None:
             raise _Unsure  # databases put NULLs first, or last
-        order = compare(a[n], b[n])
+        if type(x) is int and type(y) is int:  # most keys: no memo needed
+            order = (x > y) - (x < y)
+        else:
+            order = compare(x, y)
         if order is None or order == UNEQUAL:
             raise _Unsure
         if order:
@@ -124,7 +137,8 @@ def _after(shape, last, types, images):
     that cannot be told (a NULL, a string a collation orders)."""
     try:
         return all(
-            _before(shape, last, _row(shape, image, types)) for image in images
+            _before(shape, last, _sort_key(shape, image, types))
+            for image in images
         )
     except _Unsure:
         return False

@@ -338,7 +338,10 @@ def holds_for(tests, image):
             return None
         if value is None or wanted is None:
             return False  # a comparison with NULL holds for no row
-        holds = _TRUTH[op][compare(value, wanted)]
+        if type(value) is int and type(wanted) is int:  # no memo needed
+            holds = _TRUTH[op][(value > wanted) - (value < wanted)]
+        else:
+            holds = _TRUTH[op][compare(value, wanted)]
         if holds is False:
             return False
         if holds is None:
