@@ -236,8 +236,9 @@ class MemoryCache:
         """Drop what a write of ``tables`` (tags; None: all) could have
         changed. ``changes`` (:class:`~pyramid_dbtune.sql.shapes.Change`)
         tell its rows, where known: the reads they are told for are
-        matched and patched instead of dropped, when next read (a read
-        nobody asks for again costs a change nothing). The reads with a
+        matched and patched instead of dropped, when next read, or when
+        :data:`MAX_PENDING` changes wait (a read nobody asks for again
+        costs a change little). The reads with a
         shape of the tables in ``later``, and their fills, are left as
         they are: the listener applies the write's changes to them as it
         hears of them."""

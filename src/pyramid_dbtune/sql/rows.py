@@ -15,7 +15,8 @@ class Record(tuple):
     A record is a tuple of its values, with its columns' names. It
     compares equal to another record with the same columns and values,
     and to a tuple of its values. Where a statement returns two columns of
-    one name, the name gives the first of them.
+    one name, the name gives the first of them. Being a tuple, ``json``
+    encodes it as an array: :meth:`_asdict` gives a dict of it.
     """
 
     __slots__ = ()
