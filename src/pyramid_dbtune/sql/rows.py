@@ -96,6 +96,11 @@ def _index(columns):
     return index
 
 
+def _class_of(columns):
+    """The :class:`Record` class of a statement's ``columns``."""
+    return _record_class(tuple(_index(columns).items()))
+
+
 _CLASSES = {}
 _MAX_CLASSES = 1000
 _GETTERS = ()
@@ -170,7 +175,7 @@ class Rows(Sequence):
         position=None, snapshot=None,
     ):  # fmt: skip
         columns = tuple(columns)
-        record = _record_class(tuple(_index(columns).items()))
+        record = _class_of(columns)
         records = tuple(map(record, data))
         _set(self, columns, records, (), truncated, rowcount, position,
              snapshot)  # fmt: skip
@@ -246,7 +251,7 @@ class Rows(Sequence):
         if self._records:
             record = type(self._records[0])
         else:
-            record = _record_class(tuple(_index(self.columns).items()))
+            record = _class_of(self.columns)
         kept = items[:keep] if keep else items
         records = tuple(
             item if isinstance(item, Record) else record(item) for item in kept
