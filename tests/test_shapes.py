@@ -270,6 +270,13 @@ def test_a_row_is_patched_in_as_the_driver_gave_its_columns():
     patched = patch(shape, dated, {}, [], [{**image, 'rent': Decimal(9)}], 0)
     assert patched[1].when == datetime.date(2026, 9, 1)
     assert patched[1].rent == 9 and type(patched[1].rent) is int
+    # A NULL in the first row: a later row tells its column's type.
+    later = Rows(
+        ('id', 'rent', 'when'),
+        [(1, 80, None), (2, 85, datetime.date(2026, 1, 1)), (3, 90, None)],
+    )
+    patched = patch(shape, later, {}, [], [{**image, 'id': 4}], 0)
+    assert patched[3].when == datetime.date(2026, 9, 1)
     half = {**image, 'rent': Decimal('9.5')}
     assert patch(shape, dated, {}, [], [half], 0) is None
     assert patch(shape, dated, {}, [], [{**image, 'rent': 'x'}], 0) is None

@@ -10,6 +10,8 @@ import decimal
 from .rows import reserve_for
 from .shapes import UNEQUAL, compare, holds_for, tests_of
 
+_NONE = type(None)
+
 
 class _Unsure(Exception):
     """What a patch cannot be sure of: the rows are dropped."""
@@ -60,13 +62,17 @@ def _count(rows, delta):
 
 def _types(rows):
     """The type of each column's values, where rows show one."""
-    types = [None] * len(rows.columns)
-    for record in rows:
-        for n, value in enumerate(record):
-            if types[n] is None and value is not None:
-                types[n] = type(value)
-        if None not in types:
-            break
+    if not rows:
+        return [None] * len(rows.columns)
+    types = list(map(type, rows[0]))  # a row with no NULL tells them all
+    if _NONE in types:
+        types = [None] * len(types)
+        for record in rows:
+            for n, value in enumerate(record):
+                if types[n] is None and value is not None:
+                    types[n] = type(value)
+            if None not in types:
+                break
     return types
 
 
@@ -98,7 +104,11 @@ def _sort_key(shape, image, types):
     """What :func:`_before` reads of a row image: the values it is
     ordered by, by their place in the row."""
     items = shape.items
-    return {n: _as(image[items[n][1]], types[n]) for n, _ in shape.order}
+    key = {}
+    for n, _ in shape.order:
+        value, kind = image[items[n][1]], types[n]
+        key[n] = value if type(value) is kind else _as(value, kind)
+    return key
 
 
 def _before(shape, a, b):
@@ -136,12 +146,12 @@ def _after(shape, last, types, images):
     """Whether every row of ``images`` comes after ``last``: False where
     that cannot be told (a NULL, a string a collation orders)."""
     try:
-        return all(
-            _before(shape, last, _sort_key(shape, image, types))
-            for image in images
-        )
+        for image in images:
+            if not _before(shape, last, _sort_key(shape, image, types)):
+                return False
     except _Unsure:
         return False
+    return True
 
 
 def _rows(shape, rows, types, gone, came, max_rows):
