@@ -260,13 +260,16 @@ class MemoryCache:
             for change in changes:
                 told.setdefault(change.table, []).append(change)
             seen = set()
+            # What each watched table's reads are told: its changes, or
+            # None (drop them); worked out once per write, not per read.
+            telling = {}
             for table in tables:
                 for key in list(self._by_table.get(table, ())):
                     if key not in seen:
                         seen.add(key)
                         entry = self._data[key]
                         if _table(entry.tables) not in later:
-                            self._apply(key, entry, told, tables)
+                            self._apply(key, entry, told, tables, telling)
             # A fill running now may hold rows from before the write: who
             # asks from now on gets a fill of their own, not that one.
             for key, flight in list(self._inflight.items()):
@@ -278,14 +281,22 @@ class MemoryCache:
                     flight.spoiled = True
                     del self._inflight[key]
 
-    def _apply(self, key, entry, told, tables):
+    def _apply(self, key, entry, told, tables, telling):
         """Note the changes ``told`` of its table for the rows of ``key``,
-        to apply when next read; drop them where they cannot be."""
-        changes = _told(entry.tables, told, tables)
+        to apply when next read; drop them where they cannot be.
+        ``telling`` remembers, by table, what :func:`_told` found."""
+        table = _table(entry.tables)
+        try:
+            changes = telling[table]
+        except KeyError:
+            changes = telling[table] = _told(entry.tables, told, tables)
         if changes is None:
             self._drop(key)
             return
-        entry.pending = (entry.pending or []) + changes
+        if entry.pending is None:
+            entry.pending = list(changes)
+        else:  # under the lock, as the reads that take them
+            entry.pending.extend(changes)
         if len(entry.pending) > MAX_PENDING:
             self._catch_up(key, entry)
 
