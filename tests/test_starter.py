@@ -6,6 +6,8 @@ from pathlib import Path
 
 import pytest
 import sqlalchemy as sa
+import transaction
+import zope.sqlalchemy
 from pyramid.config import Configurator
 from pyramid.exceptions import ConfigurationExecutionError
 from pyramid.paster import get_app
@@ -148,3 +150,34 @@ def test_a_session_of_another_database_is_not_adopted(sqlite_url, tmp_path):
             app.get('/write')
     assert app.app.registry.dbtune.router.write_slots.acquire(timeout=0)
     other.dispose()
+
+
+def test_a_thread_local_session_is_its_own_again_after_its_request(
+    postgresql_url,
+):
+    # An app's request.dbsession from a scoped_session: one session for
+    # every request of a thread, adopted for each. Once a request has
+    # ended, it is the app's again: used outside any request (a script,
+    # a job), it writes through its own engine, unrouted.
+    engine = sa.create_engine(postgresql_url)
+    with engine.begin() as connection:
+        connection.exec_driver_sql('CREATE TABLE note (id INTEGER)')
+    note = sa.table('note', sa.column('id'))
+    scoped = sa.orm.scoped_session(sa.orm.sessionmaker(bind=engine))
+    zope.sqlalchemy.register(scoped)
+
+    def add(config):
+        config.add_request_method(lambda request: scoped(), 'dbsession', True)
+
+    config = _app_with_dbsession(postgresql_url, add)
+    app = TestApp(config.make_wsgi_app())
+    assert app.get('/').json == {'bind': str(engine.url)}  # a reader's
+    with transaction.manager:
+        scoped.execute(sa.insert(note).values(id=1))
+        zope.sqlalchemy.mark_changed(scoped())
+    assert scoped.bind is engine
+    with engine.connect() as connection:
+        assert connection.execute(sa.select(note.c.id)).all() == [(1,)]
+    scoped.remove()
+    app.app.registry.dbtune.router.dispose()
+    engine.dispose()

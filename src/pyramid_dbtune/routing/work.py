@@ -158,6 +158,16 @@ class UnitOfWork:
             going_on = False
         if not going_on:
             self.request = None
+            self._let_go_of_the_session()
+
+    def _let_go_of_the_session(self):
+        """Give an adopted session back as it was: one an application
+        keeps across requests (a ``scoped_session``'s) is its own again
+        once the request it was adopted for has ended."""
+        session = self._session
+        if session is not None and session.info.get(UNIT) is self:
+            del session.info[UNIT]
+            session.bind = self._own_bind
 
     @property
     def session(self):
@@ -182,6 +192,7 @@ class UnitOfWork:
         commits. It must join ``request.tm`` (zope.sqlalchemy's
         ``register``)."""
         self._session = session
+        self._own_bind = session.bind
         self._reader = (
             self.router.writer
             if self.pinned
