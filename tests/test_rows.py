@@ -69,6 +69,9 @@ def test_equality(rows):
         (1, 'Burley', 70), {'id': 0, 'area': 1, 'rent': 2}
     )
     assert rows[0] != Record((1, 'Burley', 70), {'x': 0, 'y': 1, 'z': 2})
+    # The same names in another order: other columns.
+    swapped = Record((1, 'Burley', 70), {'area': 0, 'id': 1, 'rent': 2})
+    assert rows[0] != swapped and swapped != rows[0]
     assert rows[0] != [1, 'Burley', 70]
     assert hash(rows[0]) == hash((1, 'Burley', 70))
     assert rows != rows.tuples()

@@ -56,8 +56,10 @@ class Record(tuple):
         raise AttributeError('records are immutable')
 
     def __eq__(self, other):
-        if isinstance(other, Record) and (
-            self._index.keys() != other._index.keys()
+        if (
+            isinstance(other, Record)
+            and type(other) is not type(self)  # one class, one index
+            and self._index != other._index  # the names, in their order
         ):
             return False
         if isinstance(other, tuple):
