@@ -11,6 +11,7 @@ import zope.sqlalchemy
 from pyramid.config import Configurator
 from pyramid.exceptions import ConfigurationExecutionError
 from pyramid.paster import get_app
+from pyramid.request import Request
 from webtest import TestApp
 
 from conftest import query_log
@@ -156,9 +157,10 @@ def test_a_thread_local_session_is_its_own_again_after_its_request(
     postgresql_url,
 ):
     # An app's request.dbsession from a scoped_session: one session for
-    # every request of a thread, adopted for each. Once a request has
-    # ended, it is the app's again: used outside any request (a script,
-    # a job), it writes through its own engine, unrouted.
+    # every request of a thread, adopted for each (and again by a
+    # subrequest in its transaction). Once a request has ended, it is the
+    # app's again: used outside any request (a script, a job), it writes
+    # through its own engine, unrouted.
     engine = sa.create_engine(postgresql_url)
     with engine.begin() as connection:
         connection.exec_driver_sql('CREATE TABLE note (id INTEGER)')
@@ -166,18 +168,34 @@ def test_a_thread_local_session_is_its_own_again_after_its_request(
     scoped = sa.orm.scoped_session(sa.orm.sessionmaker(bind=engine))
     zope.sqlalchemy.register(scoped)
 
-    def add(config):
-        config.add_request_method(lambda request: scoped(), 'dbsession', True)
+    def read(request):
+        routed = request.dbsession.bind is not engine
+        return [routed, *request.dbsession.scalars(sa.select(note.c.id))]
 
-    config = _app_with_dbsession(postgresql_url, add)
+    def parent(request):
+        child = request.invoke_subrequest(
+            Request.blank('/child'), use_tweens=False
+        )
+        return [*read(request), child.json]
+
+    config = _app_with_dbsession(
+        postgresql_url,
+        lambda config: config.add_request_method(
+            lambda request: scoped(), 'dbsession', True
+        ),
+    )
+    for name, view in (('parent', parent), ('child', read)):
+        config.add_route(name, f'/{name}')
+        config.add_view(view, route_name=name, renderer='json')
     app = TestApp(config.make_wsgi_app())
-    assert app.get('/').json == {'bind': str(engine.url)}  # a reader's
+    assert app.get('/parent').json == [True, [True]]
     with transaction.manager:
         scoped.execute(sa.insert(note).values(id=1))
         zope.sqlalchemy.mark_changed(scoped())
     assert scoped.bind is engine
     with engine.connect() as connection:
         assert connection.execute(sa.select(note.c.id)).all() == [(1,)]
+    assert app.get('/parent').json == [True, 1, [True, 1]]
     scoped.remove()
     app.app.registry.dbtune.router.dispose()
     engine.dispose()

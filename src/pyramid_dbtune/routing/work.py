@@ -43,6 +43,8 @@ PIN_COOKIE = 'dbtune_pin'
 
 #: The key of a routed session's ``info`` that holds its unit of work.
 UNIT = 'dbtune.unit'
+#: ... and the bind it had before it was adopted.
+OWN_BIND = 'dbtune.own_bind'
 #: A write that touches more rows than this drops its table's reads whole.
 MAX_ROWS_TOLD = 100
 #: What begins the SELECT that finds the rows a SQL method's write
@@ -157,17 +159,18 @@ class UnitOfWork:
         except KeyError:  # it ended: an ended transaction forgets its data
             going_on = False
         if not going_on:
+            if request.registry.dbtune.adopts:
+                self._let_go_of_the_session()
             self.request = None
-            self._let_go_of_the_session()
 
     def _let_go_of_the_session(self):
-        """Give an adopted session back as it was: one an application
-        keeps across requests (a ``scoped_session``'s) is its own again
-        once the request it was adopted for has ended."""
+        """Give the application's session back as it was before it was
+        adopted: one it keeps across requests (a ``scoped_session``'s) is
+        its own again once the request it was adopted for has ended."""
         session = self._session
         if session is not None and session.info.get(UNIT) is self:
             del session.info[UNIT]
-            session.bind = self._own_bind
+            session.bind = session.info.pop(OWN_BIND)
 
     @property
     def session(self):
@@ -192,7 +195,9 @@ class UnitOfWork:
         commits. It must join ``request.tm`` (zope.sqlalchemy's
         ``register``)."""
         self._session = session
-        self._own_bind = session.bind
+        # Its bind before any unit routed it (a subrequest in the same
+        # transaction adopts it again).
+        session.info.setdefault(OWN_BIND, session.bind)
         self._reader = (
             self.router.writer
             if self.pinned
