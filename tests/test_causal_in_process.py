@@ -5,7 +5,8 @@ machine."""
 
 from webtest import TestApp
 
-from pyramid_dbtune.routing.work import PIN_COOKIE, read_pin
+from pyramid_dbtune.routing.lag import read_pin
+from pyramid_dbtune.routing.work import PIN_COOKIE
 
 from conftest import GET, SET_RENT, call, until
 

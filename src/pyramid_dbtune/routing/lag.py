@@ -8,9 +8,13 @@ reader is, reads go to the writer. A reader whose lag cannot be read (it
 is down, or it answered with an error) is left to the failover rules.
 
 With causal reads the thread also reads each replica's log position
-(:class:`Position`): how far it has replayed the writer's log.
+(:class:`Position`): how far it has replayed the writer's log; a
+client's pin, the position its reads must see, is a signed cookie
+(:func:`sign_pin`, :func:`read_pin`).
 """
 
+import hashlib
+import hmac
 import logging
 import threading
 
@@ -185,3 +189,24 @@ class LagWatch:
                     exc,
                 )
             reader.lag = reader.position = None
+
+
+def sign_pin(position, key):
+    """A causal pin's cookie value: the position, signed with ``key``."""
+    mac = hmac.new(key, str(position).encode(), hashlib.sha256)
+    return f'{position}.{mac.hexdigest()[:32]}'
+
+
+def read_pin(value, key):
+    """The :class:`~pyramid_dbtune.routing.lag.Position` of a causal pin's
+    cookie value: none for no pin, or one not signed with ``key``."""
+    text, _, _ = value.partition('.')
+    position = Position.parse(text)
+    # compare_digest refuses text that is not ASCII (a forged cookie).
+    if (
+        position is None
+        or not value.isascii()
+        or not hmac.compare_digest(value, sign_pin(position, key))
+    ):
+        return NO_POSITION
+    return position

@@ -15,8 +15,6 @@ the in-process cache), the commit leaves the reads of the tables it wrote
 to it, and returns once the listener has heard of it.
 """
 
-import hashlib
-import hmac
 import json
 import logging
 import time
@@ -34,7 +32,7 @@ from .connect import fetch
 from .errors import (
     WriteSlotTimeout,
 )
-from .lag import NO_POSITION, Position
+from .lag import NO_POSITION, read_pin, sign_pin
 
 log = logging.getLogger(__name__)
 
@@ -52,27 +50,6 @@ MAX_ROWS_TOLD = 100
 ROWS_TOLD = '/* pyramid_dbtune: the rows a write touches */ '
 #: Seconds a causal pin is kept by the client: replicas replay long before.
 PIN_FOR = 3600
-
-
-def sign_pin(position, key):
-    """A causal pin's cookie value: the position, signed with ``key``."""
-    mac = hmac.new(key, str(position).encode(), hashlib.sha256)
-    return f'{position}.{mac.hexdigest()[:32]}'
-
-
-def read_pin(value, key):
-    """The :class:`~pyramid_dbtune.routing.lag.Position` of a causal pin's
-    cookie value: none for no pin, or one not signed with ``key``."""
-    text, _, _ = value.partition('.')
-    position = Position.parse(text)
-    # compare_digest refuses text that is not ASCII (a forged cookie).
-    if (
-        position is None
-        or not value.isascii()
-        or not hmac.compare_digest(value, sign_pin(position, key))
-    ):
-        return NO_POSITION
-    return position
 
 
 class UnitOfWork:

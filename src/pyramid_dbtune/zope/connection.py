@@ -26,8 +26,8 @@ from zope.sqlalchemy import mark_changed, register
 
 from ..registry import DBTune
 from ..routing.connect import fetch
-from ..routing.lag import NO_POSITION
-from ..routing.work import PIN_COOKIE, PIN_FOR, read_pin, sign_pin
+from ..routing.lag import NO_POSITION, read_pin, sign_pin
+from ..routing.work import PIN_COOKIE, PIN_FOR
 from ..settings import parse
 from ..sql.analysis import analyse
 from ..sql.conditions import any_row
