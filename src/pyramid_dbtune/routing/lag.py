@@ -198,8 +198,8 @@ def sign_pin(position, key):
 
 
 def read_pin(value, key):
-    """The :class:`~pyramid_dbtune.routing.lag.Position` of a causal pin's
-    cookie value: none for no pin, or one not signed with ``key``."""
+    """The :class:`Position` of a causal pin's cookie value: none for no
+    pin, or one not signed with ``key``."""
     text, _, _ = value.partition('.')
     position = Position.parse(text)
     # compare_digest refuses text that is not ASCII (a forged cookie).
