@@ -251,6 +251,45 @@ def test_a_change_committed_late_is_not_missed_on_mariadb(mysql_url, apps):
         engine.dispose()
 
 
+def test_a_change_log_read_on_a_lost_connection_keeps_what_it_waits_for(
+    mysql_url, apps
+):
+    """The read of a change still open fails on a connection the server
+    has cut: the error reaches the listener (which connects again) and
+    the change is still waited for, then read once committed."""
+    listening(mysql_url, apps)
+    engine = sa.create_engine(mysql_url, poolclass=sa.pool.NullPool)
+    reads = engine.execution_options(isolation_level='AUTOCOMMIT')
+    late, reader, admin = engine.connect(), reads.connect(), engine.connect()
+    try:
+        (floor,) = reader.execute(
+            sa.text(f'SELECT COALESCE(MAX(id), 0) FROM {changes.CHANNEL}')
+        ).one()
+        log = changes.ChangeLog(floor)
+        late.execute(sa.text('UPDATE property SET rent = 98 WHERE id = 1'))
+        outside(mysql_url, 'UPDATE property SET rent = 71 WHERE id = 4')
+        read = []
+        log.read(reader, lambda table, told, origin: read.append(told))
+        assert [told['new'][0]['id'] for told in read] == [4]
+        assert log.waiting == 1  # the update of 1, open still
+        thread_id = reader.connection.dbapi_connection.thread_id()
+        admin.execute(sa.text(f'KILL CONNECTION {thread_id}'))
+        with pytest.raises(sa.exc.OperationalError) as raised:
+            log.read(reader, None)
+        assert raised.value.orig.args[0] in (2006, 2013)  # gone, or lost
+        assert log.waiting == 1
+        late.commit()
+        reader.close()
+        reader = reads.connect()
+        log.read(reader, lambda table, told, origin: read.append(told))
+        assert [told['new'][0]['id'] for told in read] == [4, 1]
+        assert log.waiting == 0
+    finally:
+        for connection in (late, reader, admin):
+            connection.close()
+        engine.dispose()
+
+
 def test_a_listener_cut_off_misses_no_change_on_mariadb(mysql_url, apps):
     """Its connection killed while a change is open: it connects again,
     drops what it holds, and still reads that change once committed."""

@@ -109,7 +109,7 @@ class Listener:
         self.triggered = frozenset()
         self._expected = {}
         self._expected_lock = threading.Lock()
-        #: MySQL: what was read of the changes (a :class:`_Changes`).
+        #: MySQL: what was read of the changes (a :class:`ChangeLog`).
         self.changes = None
         #: Set while the thread is connected and listening.
         self.listening = threading.Event()
@@ -321,7 +321,7 @@ class Listener:
             f'SELECT COALESCE(MAX(id), 0) FROM {CHANNEL} WHERE at < NOW(6) '
             f'- INTERVAL {OPEN_FOR} SECOND'
         ).one()
-        changes = self.changes = _Changes(floor)
+        changes = self.changes = ChangeLog(floor)
         changes.read(connection, None)
         self._connected(connection)
         while not self._stopping.wait(self.every):
@@ -369,7 +369,7 @@ def _forget_old(connection, floor):
         )
 
 
-class _Changes:
+class ChangeLog:
     """What a MySQL listener has read of ``dbtune_changes``: every id up
     to ``floor``, and those in ``seen`` above it. An id missing below one
     seen belongs to a transaction still open, or one rolled back."""
