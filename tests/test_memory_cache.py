@@ -328,3 +328,100 @@ def test_an_entry_gives_the_garbage_collector_little_to_walk(sqlite_url):
     gc.collect()
     assert not gc.is_tracked(held.snapshot)
     assert not any(gc.is_tracked(v) for v in values)
+
+
+def _ordered(sqlite_url, sql, values, max_rows):
+    """A cache fill of ``values`` (``(id, rent)`` pairs, in order) as
+    :func:`~pyramid_dbtune.routing.connect.fetch` holds them."""
+    import sqlalchemy as sa
+
+    from pyramid_dbtune.routing.connect import fetch
+    from pyramid_dbtune.sql.shapes import parse_snapshot
+
+    engine = sa.create_engine(sqlite_url)
+    with engine.connect() as connection:
+        result = connection.exec_driver_sql(
+            ' UNION ALL '.join(
+                f'SELECT {i} AS id, {r} AS rent' for i, r in values
+            )
+        )
+        held = fetch(result, max_rows, snapshot=parse_snapshot('10:10:'))
+    engine.dispose()
+    return held
+
+
+@pytest.mark.parametrize('order', ['rent, id', 'rent DESC, id'])
+def test_a_change_after_the_rows_a_read_holds_is_passed_over(
+    sqlite_url, order
+):
+    """An ordered read that had more rows than it holds: a change whose
+    rows all come after the last it holds is passed over as it comes
+    (not kept waiting, not patched in); one that may come before it, or
+    whose place cannot be told, is applied."""
+    from pyramid_dbtune.cache import Watch
+    from pyramid_dbtune.sql.shapes import Change, read_shape
+
+    descending = 'DESC' in order
+    sql = f'SELECT id, rent FROM t WHERE area = :area ORDER BY {order}'
+    shape = read_shape(sql, {'t'})
+    watch = Watch({'area'}, shape, {'area': 'x'}, 2)
+    rents = [10, 20, 30, 40, 50]
+    values = list(enumerate(reversed(rents) if descending else rents, 1))
+    held = _ordered(sqlite_url, sql, values, 2)  # 2 kept, 1 in reserve
+    cache = MemoryCache()
+    cache.get_or_fill(key('a'), 60, watch, fill, held)
+
+    def told(*changes):
+        cache.invalidate({'area'}, [Change('t', *c, 11) for c in changes])
+        return cache.get_or_fill(key('a'), 60, watch, fill, held)[0]
+
+    def image(id_, rent):
+        return {'id': id_, 'area': 'x', 'rent': rent}
+
+    # Row 5, beyond the three held, moves: still beyond them.
+    last = rents[0] if descending else rents[-1]
+    past = 15 if descending else 45
+    assert told(((image(5, last),), (image(5, past),))) is held
+    assert cache.passed_over == 1 and cache.patches == 0
+    # A row that ties with the last held (the third) may come before it.
+    edge = held.held()[0][-1]
+    assert edge[1] == 30
+    patched = told(((), (image(0, 30),)))
+    assert patched.held()[0][-1] == (0, 30)
+    assert cache.passed_over == 1 and cache.patches == 1
+    # A row whose rent is not a number (NULL) is not passed over: where
+    # it goes is not told, and the rows are dropped.
+    told(((), (image(8, None),)))
+    assert cache.passed_over == 1 and cache.invalidations == 1
+
+
+def test_a_read_that_holds_all_its_rows_passes_no_change_over(sqlite_url):
+    from pyramid_dbtune.cache import Watch
+    from pyramid_dbtune.sql.shapes import Change, read_shape
+
+    sql = 'SELECT id, rent FROM t WHERE area = :area ORDER BY rent, id'
+    watch = Watch({'area'}, read_shape(sql, {'t'}), {'area': 'x'}, 5)
+    held = _ordered(sqlite_url, sql, [(1, 10), (2, 20)], 5)
+    cache = MemoryCache()
+    cache.get_or_fill(key('a'), 60, watch, fill, held)
+    came = {'id': 3, 'area': 'x', 'rent': 99}
+    cache.invalidate({'area'}, [Change('t', (), (came,), 11)])
+    value = cache.get_or_fill(key('a'), 60, watch, fill, None)[0]
+    assert value.tuples() == ((1, 10), (2, 20), (3, 99))
+    assert cache.passed_over == 0 and cache.patches == 1
+
+
+def test_a_read_ordered_by_text_passes_no_change_over(sqlite_url):
+    """Strings are ordered by the database's collation, not Python's."""
+    from pyramid_dbtune.cache import Watch
+    from pyramid_dbtune.sql.shapes import Change, read_shape
+
+    sql = 'SELECT id, rent FROM t WHERE area = :area ORDER BY rent, id'
+    watch = Watch({'area'}, read_shape(sql, {'t'}), {'area': 'x'}, 1)
+    held = _ordered(sqlite_url, sql, [(1, "'a'"), (2, "'b'"), (3, "'c'")], 1)
+    cache = MemoryCache()
+    cache.get_or_fill(key('a'), 60, watch, fill, held)
+    came = {'id': 4, 'area': 'x', 'rent': 'z'}
+    cache.invalidate({'area'}, [Change('t', (), (came,), 11)])
+    cache.get_or_fill(key('a'), 60, watch, fill, held)
+    assert cache.passed_over == 0

@@ -10,6 +10,7 @@ import sys
 import threading
 from collections import OrderedDict
 from concurrent.futures import Future
+from decimal import Decimal
 from time import monotonic
 
 from ..deploy import forks
@@ -80,7 +81,7 @@ MAX_PENDING = 64
 
 
 class _Entry:
-    __slots__ = ('value', 'expires', 'size', 'tables', 'pending')
+    __slots__ = ('value', 'expires', 'size', 'tables', 'pending', 'edge')
 
     def __init__(self, value, expires, size, tables):
         self.value = value
@@ -89,6 +90,43 @@ class _Entry:
         self.tables = tables
         #: The changes told for its rows since, applied when next read.
         self.pending = None
+        self.edge = _edge(tables, value)
+
+
+def _edge(watch, rows):
+    """Where the rows of a read of ``watch`` end: ``(column, descending,
+    value)``, the first column it is ordered by and its value in the last
+    row held, where the read had rows beyond those held and the value is
+    a number; else None. A change whose rows all come after it changes
+    none of the rows held (a change never moves it later)."""
+    shape = getattr(watch, 'shape', None)
+    if shape is None or shape.kind != 'rows' or not shape.order:
+        return None
+    last, more = rows.edge()
+    if not more:
+        return None
+    position, descending = shape.order[0]
+    value = last[position]
+    if type(value) not in _NUMBERS:
+        return None  # NULLs, and strings a collation orders
+    return shape.items[position][1], descending, value
+
+
+#: The values :func:`_edge` compares: Python orders them as databases do.
+_NUMBERS = (int, Decimal)
+
+
+def _past(edge, change):
+    """Whether every row image of ``change`` comes after ``edge``."""
+    column, descending, last = edge
+    for images in (change.old, change.new):
+        for image in images:
+            value = image.get(column)
+            if type(value) not in _NUMBERS:
+                return False
+            if value <= last if not descending else value >= last:
+                return False
+    return True
 
 
 def _table(watch):
@@ -153,12 +191,15 @@ class MemoryCache:
     or ``max_bytes`` bytes; a single value larger than ``max_bytes`` is not
     stored. Counters (``hits``, ``misses``, ``stale``, ``waited``,
     ``evictions``, ``invalidations``, ``too_big``, ``discarded``,
-    ``patches``) are plain integers, read without a lock.
+    ``patches``, ``passed_over``) are plain integers, read without a
+    lock.
 
     A read whose ``tables`` is a :class:`~pyramid_dbtune.cache.Watch`
     (its shape and arguments) is not dropped by a change told by row
     images: the change is matched against its conditions, and applied to
-    its rows where :func:`~pyramid_dbtune.sql.patch.patch` can.
+    its rows where :func:`~pyramid_dbtune.sql.patch.patch` can. A write
+    whose changed rows all come after the rows an ordered read holds (it
+    had more than it holds) is passed over for it (``passed_over``).
     """
 
     def __init__(self, max_entries=10000, max_bytes=64 * 1024 * 1024):
@@ -168,6 +209,7 @@ class MemoryCache:
         self.hits = self.misses = self.stale = self.waited = 0
         self.evictions = self.invalidations = 0
         self.too_big = self.discarded = self.patches = 0
+        self.passed_over = 0
         #: ``key[0]`` (a SQL method's key): its entries dropped by writes
         self.dropped = {}
         #: ``key[0]``: its entries that writes changed in place
@@ -293,6 +335,19 @@ class MemoryCache:
         if changes is None:
             self._drop(key)
             return
+        edge = entry.edge
+        if edge is not None:
+            # Most changes come after the rows a search holds: they are
+            # passed over here, once per edge, not patched in one by one.
+            try:
+                changes = telling[edge, table]
+            except KeyError:
+                changes = telling[edge, table] = [
+                    c for c in changes if not _past(edge, c)
+                ]
+            if not changes:
+                self.passed_over += 1
+                return
         if entry.pending is None:
             entry.pending = list(changes)
         else:  # under the lock, as the reads that take them
@@ -320,6 +375,7 @@ class MemoryCache:
             self.bytes += size - entry.size
             entry.size = size
         entry.value = value
+        entry.edge = _edge(entry.tables, value)
         self.patches += 1
         self.patched[key[0]] = self.patched.get(key[0], 0) + 1
         return entry
