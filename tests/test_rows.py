@@ -98,6 +98,11 @@ def test_duplicate_column_names_give_the_first():
     assert rows[0].id == 1 and rows[0][1] == 2
     again = Rows(('a', 'b', 'a', 'c'), [(1, 2, 3, 4)])[0]
     assert again._asdict() == {'a': 1, 'b': 2, 'c': 4}
+    last = Rows(('a', 'b', 'a'), [(1, 2, 3), (4, 5, 6)])
+    assert last.dictionaries() == [{'a': 1, 'b': 2}, {'a': 4, 'b': 5}]
+    between = Rows(('a', 'b', 'a', 'c'), [(1, 2, 3, 4)])
+    assert between.dictionaries() == [{'a': 1, 'b': 2, 'c': 4}]
+    assert Rows(('a',), []).dictionaries() == []
     assert again._fields == ('a', 'b', 'c') and again.c == 4
     assert (
         repr(Rows(('a',), [], truncated=True)) == '<Rows 0 x (a), truncated>'
