@@ -81,13 +81,18 @@ MAX_PENDING = 64
 
 
 class _Entry:
-    __slots__ = ('value', 'expires', 'size', 'tables', 'pending', 'edge')
+    __slots__ = (
+        'value', 'expires', 'size', 'tables', 'table', 'pending', 'edge',
+    )  # fmt: skip
 
     def __init__(self, value, expires, size, tables):
         self.value = value
         self.expires = expires
         self.size = size
         self.tables = tables
+        #: The table of a read with a shape (None for another): a write
+        #: that tells its rows looks at it for each read of the table.
+        self.table = _table(tables)
         #: The changes told for its rows since, applied when next read.
         self.pending = None
         self.edge = _edge(tables, value)
@@ -310,7 +315,7 @@ class MemoryCache:
                     if key not in seen:
                         seen.add(key)
                         entry = self._data[key]
-                        if _table(entry.tables) not in later:
+                        if entry.table not in later:
                             self._apply(key, entry, told, tables, telling)
             # A fill running now may hold rows from before the write: who
             # asks from now on gets a fill of their own, not that one.
@@ -327,7 +332,7 @@ class MemoryCache:
         """Note the changes ``told`` of its table for the rows of ``key``,
         to apply when next read; drop them where they cannot be.
         ``telling`` remembers, by table, what :func:`_told` found."""
-        table = _table(entry.tables)
+        table = entry.table
         try:
             changes = telling[table]
         except KeyError:
