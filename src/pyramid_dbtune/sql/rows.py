@@ -256,8 +256,9 @@ class Rows(Sequence):
         else:
             record = _class_of(self.columns)
         kept = items[:keep] if keep else items
+        # Most are the records of these rows: kept as they are.
         records = tuple(
-            item if isinstance(item, Record) else record(item) for item in kept
+            [item if type(item) is record else record(item) for item in kept]
         )
         reserve = tuple(map(tuple, items[len(kept) :]))
         derived = object.__new__(Rows)
