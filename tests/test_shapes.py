@@ -245,6 +245,46 @@ def test_a_row_that_leaves_a_full_window_is_made_good_from_the_reserve():
     assert grown.held()[2] and grown.truncated
 
 
+def test_a_row_that_stays_in_its_place_is_changed_there():
+    """An update of what the rows are not ordered by: the row is found
+    by its order and changed where it is; the other records are kept."""
+    shape = read_shape(
+        'SELECT id, rent, rooms FROM property WHERE area = :area '
+        'ORDER BY rent, id',
+        T,
+    )
+    rows = Rows(('id', 'rent', 'rooms'), [(1, 80, 2)]).derive(
+        [(1, 80, 2), (2, 90, 2), (3, 95, 2)], True, 2
+    )
+    changed = patch(
+        shape, rows, PARAMS, [row(2, 90)], [row(2, 90, rooms=3)], 2
+    )
+    assert changed.tuples() == ((1, 80, 2), (2, 90, 3))
+    assert changed[0] is rows[0] and changed.held()[0][2] == (3, 95, 2)
+    assert changed.truncated
+    # What they do not show changed: the same rows.
+    same = patch(
+        shape, rows, PARAMS, [row(1, 80)], [{**row(1, 80), 'x': 1}], 2
+    )
+    assert same is rows
+    # In reserve: patched the long way, as any change.
+    reserve = patch(
+        shape, rows, PARAMS, [row(3, 95)], [row(3, 95, rooms=4)], 2
+    )
+    assert reserve.tuples() == rows.tuples()
+    # Not held, and it should be: not sure of anything.
+    missing = patch(
+        shape, rows, PARAMS, [row(9, 70)], [row(9, 70, rooms=1)], 2
+    )
+    assert missing is None
+    # No order can be told of a NULL: found the long way.
+    unknown = Rows(('id', 'rent', 'rooms'), [(1, None, 2)])
+    nulls = patch(
+        shape, unknown, PARAMS, [row(1, None)], [row(1, None, rooms=3)], 2
+    )
+    assert nulls.tuples() == ((1, None, 3),)
+
+
 def test_a_row_that_leaves_is_found_where_no_order_can_be_told():
     # Titles a collation orders: which comes after the last, unknown; the
     # row that leaves is found among those held all the same.

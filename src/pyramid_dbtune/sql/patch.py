@@ -158,6 +158,10 @@ def _rows(shape, rows, types, gone, came, max_rows):
     last, more = rows.edge()
     if more and shape.order and _after(shape, last, types, (*gone, *came)):
         return rows  # all of it after the rows held, as most changes are
+    if len(gone) == 1 and len(came) == 1 and shape.order:
+        changed = _in_place(shape, rows, types, gone[0], came[0])
+        if changed is not None:
+            return changed
     held, items, more = rows.held()
     # Beyond the rows held, a statement's rows are not known: past as many
     # as a fill holds, the last ones are let go.
@@ -186,6 +190,25 @@ def _rows(shape, rows, types, gone, came, max_rows):
         del items[room:]
         more = True
     return rows.derive(items, more, max_rows)
+
+
+def _in_place(shape, rows, types, old, new):
+    """``rows`` with one row kept changed where it stays in its place (an
+    update of what they are not ordered by): found by its order, not by
+    a scan of them all. None where that is not so: the rows are patched
+    the long way."""
+    before, after = _row(shape, old, types), _row(shape, new, types)
+    if any(before[n] != after[n] for n, _ in shape.order):
+        return None  # it may move
+    try:
+        # The last row kept that it does not come before: itself, where
+        # the order tells it from every other row.
+        at = _place(shape, rows, before) - 1
+    except _Unsure:
+        return None
+    if at < 0 or tuple(rows[at]) != before:
+        return None  # not kept, or another row ties with it
+    return rows if before == after else rows.replaced(at, after)
 
 
 def _groups(shape, rows, types, gone, came, max_rows):

@@ -245,6 +245,17 @@ class Rows(Sequence):
             return reserve[-1], more
         return (tuple(self._records[-1]) if self._records else None), more
 
+    def replaced(self, index, values):
+        """Rows like these, with the values of kept record ``index``
+        ``values`` (a tuple as long)."""
+        records = list(self._records)
+        records[index] = type(records[index])(values)
+        reserve, more = self._reserve
+        replaced = object.__new__(Rows)
+        _set(replaced, self.columns, tuple(records), reserve, more, -1,
+             self.position, self.snapshot)  # fmt: skip
+        return replaced
+
     def derive(self, items, more, keep=0):
         """Rows like these (columns, position, snapshot) of ``items``,
         each a record of these rows or a tuple of values (as
