@@ -425,3 +425,60 @@ def test_a_read_ordered_by_text_passes_no_change_over(sqlite_url):
     cache.invalidate({'area'}, [Change('t', (), (came,), 11)])
     cache.get_or_fill(key('a'), 60, watch, fill, held)
     assert cache.passed_over == 0
+
+
+def test_a_row_changed_again_and_again_is_patched_once(sqlite_url):
+    """Two rows leave the first rows of a search and come back before it
+    is read: one after the other, the rows held would run short (and be
+    dropped); made one change a row, they are patched in place."""
+    from pyramid_dbtune.cache import Watch
+    from pyramid_dbtune.sql.shapes import Change, read_shape
+
+    sql = 'SELECT id, rent FROM t WHERE area = :area ORDER BY rent, id'
+    watch = Watch({'area'}, read_shape(sql, {'t'}), {'area': 'x'}, 2)
+    values = [(1, 10), (2, 20), (3, 30), (4, 40), (5, 50)]
+    held = _ordered(sqlite_url, sql, values, 2)  # 2 kept, 1 in reserve
+    cache = MemoryCache()
+    cache.get_or_fill(key('a'), 60, watch, fill, held)
+
+    def moved(id_, before, after, xid):
+        image = {'id': id_, 'area': 'x', 'rent': before}
+        return Change('t', (image,), ({**image, 'rent': after},), xid)
+
+    for change in (
+        moved(1, 10, 99, 11), moved(2, 20, 98, 12),
+        moved(1, 99, 15, 13), moved(2, 98, 16, 14),
+    ):  # fmt: skip
+        cache.invalidate({'area'}, [change])
+    value, status = cache.get_or_fill(key('a'), 60, watch, fill, held)
+    assert status == HIT and value.tuples() == ((1, 15), (2, 16))
+    assert cache.invalidations == 0 and cache.patches == 1
+
+
+def test_changes_made_one_only_where_the_rows_surely_lack_them():
+    from pyramid_dbtune.cache import Watch
+    from pyramid_dbtune.sql.shapes import Change, read_shape
+
+    shape = read_shape('SELECT count(*) FROM t WHERE area = :area', {'t'})
+    watch = Watch({'area'}, shape, {'area': 'x'}, 0)
+    cache = MemoryCache()
+    held = Rows(('count',), [(5,)], snapshot=(10, 10, ()))
+    cache.get_or_fill(key('a'), 60, watch, fill, held)
+    here = {'id': 1, 'area': 'x', 'tags': (1,)}
+    there = {**here, 'area': 'y'}
+    listed = {**here, 'tags': [1]}  # an array: not made one with another
+    for change in (
+        Change('t', (), (here,), 5),  # held already: left out
+        Change('t', (here,), (there,), 11),  # 4
+        Change('t', (there,), (here,), 12),  # 5, made one with the last
+        Change('t', (here,), (listed,), 13),  # 5
+        Change('t', (listed,), (there,), 14),  # 4
+        Change('t', (), (here,), 15),  # 5
+    ):
+        cache.invalidate({'area'}, [change])
+    value, status = cache.get_or_fill(key('a'), 60, watch, fill, held)
+    assert status == HIT and value.tuples() == ((5,),)
+    # A transaction not told: the rows may hold it, and it touches them.
+    cache.invalidate({'area'}, [Change('t', (), (here,), 16)])
+    cache.invalidate({'area'}, [Change('t', (here,), (there,), None)])
+    assert cache.get_or_fill(key('a'), 60, watch, fill, held)[1] == MISS
