@@ -17,7 +17,7 @@ from ..deploy import forks
 from ..sql.analysis import ANY_TABLE
 from ..sql.conditions import any_row
 from ..sql.patch import patch
-from ..sql.shapes import Change, tests_of, touches, visible
+from ..sql.shapes import tests_of, touches, visible
 
 HIT = 'hit'
 MISS = 'miss'
@@ -153,8 +153,6 @@ def _patched(watch, rows, changes):
     """``rows`` of a read of ``watch`` once ``changes`` of its table
     apply: the same rows, patched rows, or None (drop them)."""
     snapshot = rows.snapshot
-    if snapshot is not None and len(changes) > 1:
-        changes = _net(changes, snapshot)
     for change in changes:
         if snapshot is None or change.xid is None:
             # Which changes the rows hold cannot be told: any that may
@@ -169,44 +167,6 @@ def _patched(watch, rows, changes):
             if rows is None:
                 return None
     return rows
-
-
-def _net(changes, snapshot):
-    """``changes`` as a read whose rows hold ``snapshot`` applies them:
-    those it holds left out, and a row changed again and again changed
-    once. Where a change of one row starts from the image another left it
-    in, the two are one change, from the first's old image to the last's
-    new one: a read asked for once a second is told of a busy row several
-    times, and patches it once. Only changes the rows surely do not hold
-    are made one; another kind of change (rows come or go, many rows, a
-    transaction not told) ends the run."""
-    net = []
-    #: a row's image, as the last change of it left it: where that
-    #: change is in ``net``
-    latest = {}
-    for change in changes:
-        if change.xid is not None and visible(change.xid, snapshot):
-            continue  # the rows hold it
-        old, new = change.old, change.new
-        if change.xid is None or len(old) != 1 or len(new) != 1:
-            latest.clear()
-            net.append(change)
-            continue
-        try:
-            at = latest.pop(tuple(old[0].items()), None)
-            left = tuple(new[0].items())
-            hash(left)
-        except TypeError:  # a value that is not hashable (an array)
-            latest.clear()
-            net.append(change)
-            continue
-        if at is None:
-            at = len(net)
-            net.append(change)
-        else:
-            net[at] = Change(change.table, net[at].old, new, change.xid)
-        latest[left] = at
-    return net
 
 
 def _touches(watch, told, tables):
