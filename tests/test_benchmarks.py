@@ -136,6 +136,25 @@ def test_headline_checker_catches_a_stale_cache(postgresql_url):
     assert re.search(r'^baseline checks: .*: 0 stale', done.stdout, re.M)
 
 
+def test_headline_counts_a_cache_time_on_its_forms_clock(monkeypatch):
+    """A dogpile region serves an entry that expired while the other
+    forms had their turns once more: its lag is counted in the seconds
+    its form was asked for. The others' is counted on the wall clock."""
+    monkeypatch.syspath_prepend(str(BENCHMARKS))
+    import headline
+
+    checker = headline.Checker(0, [1], headline.Days(), 'unused')
+    checker.turns = [(0.0, 10.0), (100.0, 110.0)]
+    assert [checker.asked_for(t) for t in (0, 5, 50, 105, 200)] == [
+        0, 5, 10, 15, 20,
+    ]  # fmt: skip
+    checker.updates = [(5.0, 1, 2, False)]
+    checker.searches = [(105.0, {1: 1})]
+    assert checker.verdict(32)[0] == [(105.0, 1, 1, 2)]
+    assert checker.verdict(32, turns_only=True) == ([], [], 0)
+    assert checker.verdict(8, turns_only=True)[0] == [(105.0, 1, 1, 2)]
+
+
 def test_headline_refuses_rounds_it_cannot_run():
     # Before wrk, the database and the servers: a line, not a traceback.
     for option in ('--repeat', '--seconds'):
