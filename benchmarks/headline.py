@@ -655,6 +655,7 @@ class Served:
         self.health.start()
         self.runs = {c: [] for c in options.concurrencies}
         self.warm_errors = 0
+        self.logged = []
 
     def _wrk(self, script, concurrency, seconds):
         for client in (self.checker, self.health):
@@ -715,6 +716,16 @@ class Served:
         for client in (self.checker, self.health):
             client.join(60)
         stop_server(self.process)
+        # What the server logged of pyramid_dbtune's (a listener that lost
+        # its connection, say): a stale read is then not a mystery.
+        self.process.log.seek(0)
+        self.logged = [
+            line
+            for line in self.process.log.read()
+            .decode(errors='replace')
+            .splitlines()
+            if 'pyramid_dbtune' in line
+        ]
         self.script.close()
         self.walk.close()
 
@@ -762,6 +773,7 @@ class Served:
             'stale': stale,
             'missing': missing,
             'failures': failures,
+            'logged': self.logged,
         }
 
 
@@ -856,6 +868,10 @@ def report(results, checks, options):
             check['stale'][:3] + check['missing'][:3] + check['failures'][:3]
         ):
             print(f'  {problem}')
+        if check['logged']:
+            print(f'  the server logged {len(check["logged"])} lines, first:')
+            for line in check['logged'][:5]:
+                print(f'    {line}')
         if not enough:
             print(
                 f'  too few checks could fail (under {options.enough}): run '
