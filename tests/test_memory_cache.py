@@ -425,3 +425,26 @@ def test_a_read_ordered_by_text_passes_no_change_over(sqlite_url):
     cache.invalidate({'area'}, [Change('t', (), (came,), 11)])
     cache.get_or_fill(key('a'), 60, watch, fill, held)
     assert cache.passed_over == 0
+
+
+def test_a_nan_is_never_passed_over():
+    """PostgreSQL's numeric NaN sorts after every number; Python does not
+    order it at all: no change is passed over by it."""
+    from decimal import Decimal
+
+    from pyramid_dbtune.cache import Watch
+    from pyramid_dbtune.sql.shapes import Change, read_shape
+
+    sql = 'SELECT id, rent FROM t WHERE area = :area ORDER BY rent, id'
+    watch = Watch({'area'}, read_shape(sql, {'t'}), {'area': 'x'}, 1)
+    cache = MemoryCache()
+    nan = Decimal('NaN')
+    for name, last in (('number', Decimal(3)), ('nan', nan)):
+        held = Rows(('id', 'rent'), [(1, Decimal(1))], snapshot=(10, 10, ()))
+        held = held.derive([(1, Decimal(1)), (2, last)], True, 1)
+        cache.get_or_fill(key(name), 60, watch, fill, held)
+    image = {'id': 9, 'area': 'x', 'rent': nan}
+    for rents in ((nan, Decimal(50)), (Decimal(50), Decimal(60))):
+        old, new = ({**image, 'rent': rent} for rent in rents)
+        cache.invalidate({'area'}, [Change('t', (old,), (new,), 11)])
+    assert cache.passed_over == 1  # 50 -> 60, after the number's 3 only

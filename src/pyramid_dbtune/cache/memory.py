@@ -108,17 +108,20 @@ def _edge(watch, rows):
     if shape is None or shape.kind != 'rows' or not shape.order:
         return None
     last, more = rows.edge()
-    if not more:
+    if not more or last is None:
         return None
     position, descending = shape.order[0]
     value = last[position]
-    if type(value) not in _NUMBERS:
-        return None  # NULLs, and strings a collation orders
+    if not _ordered_number(value):
+        return None  # NULLs, NaN, and strings a collation orders
     return shape.items[position][1], descending, value
 
 
-#: The values :func:`_edge` compares: Python orders them as databases do.
-_NUMBERS = (int, Decimal)
+def _ordered_number(value):
+    """Whether ``value`` is one Python orders as databases do: an int
+    or a Decimal, but not NaN (which Python does not order)."""
+    kind = type(value)
+    return kind is int or (kind is Decimal and not value.is_nan())
 
 
 def _past(edge, change):
@@ -127,7 +130,7 @@ def _past(edge, change):
     for images in (change.old, change.new):
         for image in images:
             value = image.get(column)
-            if type(value) not in _NUMBERS:
+            if not _ordered_number(value):
                 return False
             if value <= last if not descending else value >= last:
                 return False
