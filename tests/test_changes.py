@@ -478,8 +478,12 @@ def in_a_child(check):
 def test_a_listener_starts_again_in_a_forked_child(postgresql_url, apps):
     app = listening(postgresql_url, apps)
     listener = app.app.registry.dbtune.listener
-    # The parent's thread did not come along: one of its own, that hears.
-    assert in_a_child(lambda: listener.listening.wait(10))
+    # The parent's thread did not come along: one of its own, that hears,
+    # and connects for the first time in its process (not "again").
+    assert listener.connects == 1
+    assert in_a_child(
+        lambda: listener.listening.wait(10) and listener.connects == 1
+    )
     listener.stop()
     assert not in_a_child(lambda: listener.listening.wait(0.5))
 

@@ -136,6 +136,9 @@ class Listener:
         self._stopping = threading.Event()
         self._expected = {}
         self._expected_lock = threading.Lock()
+        # Its first connection is this process's: not one "again" (the
+        # parent's count would say so, and drop a shared cache).
+        self.connects = 0
         if self._running:
             self.start()
 
