@@ -356,10 +356,11 @@ class MemoryCache:
             if not changes:
                 self.passed_over += 1
                 return
-        if entry.pending is None:
-            entry.pending = list(changes)
-        else:  # under the lock, as the reads that take them
-            entry.pending.extend(changes)
+        # The reads told of a write share its list of changes (never
+        # changed in place): a list per read, kept until it is next read,
+        # is more for the garbage collector to walk.
+        pending = entry.pending
+        entry.pending = changes if pending is None else pending + changes
         if len(entry.pending) > MAX_PENDING:
             self._catch_up(key, entry)
 
