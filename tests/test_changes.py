@@ -9,6 +9,7 @@ server the test starts for itself.
 
 import json
 import os
+import socket
 import subprocess
 import sys
 import threading
@@ -486,6 +487,83 @@ def test_a_listener_starts_again_in_a_forked_child(postgresql_url, apps):
     )
     listener.stop()
     assert not in_a_child(lambda: listener.listening.wait(0.5))
+
+
+class StallingProxy:
+    """A TCP proxy to the server of ``url`` that, once :meth:`stall` is
+    called, lets the next connection log in and then answers none of its
+    queries: a connection held in the middle of a statement."""
+
+    def __init__(self, url):
+        url = sa.engine.make_url(url)
+        self.target = (url.host or '127.0.0.1', url.port or 5432)
+        self.server = socket.create_server(('127.0.0.1', 0))
+        self.url = url.set(host='127.0.0.1', port=self.server.getsockname()[1])
+        self.sockets = [self.server]
+        self.stalling = False
+        self.stalled = threading.Event()
+        threading.Thread(target=self._accept, daemon=True).start()
+
+    def stall(self):
+        self.stalling = True
+
+    def _accept(self):
+        while True:
+            try:
+                client, _ = self.server.accept()
+            except OSError:
+                return  # closed
+            upstream = socket.create_connection(self.target)
+            self.sockets += [client, upstream]
+            stall, self.stalling = self.stalling, False
+            for a, b, held in (
+                (client, upstream, False),
+                (upstream, client, stall),
+            ):
+                threading.Thread(
+                    target=self._pipe, args=(a, b, held), daemon=True
+                ).start()
+
+    def _pipe(self, source, sink, stall):
+        ready = False
+        try:
+            while data := source.recv(65536):
+                if ready:
+                    self.stalled.set()
+                    continue  # swallowed: the client waits for an answer
+                sink.sendall(data)
+                # ReadyForQuery, idle: logged in.
+                ready = stall and b'Z\x00\x00\x00\x05I' in data
+        except OSError:
+            pass
+
+    def close(self):
+        for sock in self.sockets:
+            sock.close()
+
+
+def test_a_child_forked_while_its_parent_connects_listens(
+    postgresql_url, apps
+):
+    """A gunicorn master may fork its workers while its listener makes
+    its first connection, in which SQLAlchemy holds a lock of the engine:
+    the child's listener connects all the same, and hears."""
+    create_tables(postgresql_url)
+    proxy = StallingProxy(postgresql_url)
+    try:
+        url = proxy.url.render_as_string(hide_password=False)
+        dbtune = apps(url, METHODS, tables=False).app.registry.dbtune
+        assert dbtune.listener is None
+        proxy.stall()
+        changes.start(dbtune)
+        listener = dbtune.listener
+        # The parent's first connection has logged in, and waits for the
+        # answer to its first statement.
+        assert proxy.stalled.wait(10)
+        assert not listener.listening.is_set()
+        assert in_a_child(lambda: listener.listening.wait(10))
+    finally:
+        proxy.close()  # the parent's connection fails, and it stops
 
 
 def test_a_dbtune_has_one_listener(postgresql_url, apps):

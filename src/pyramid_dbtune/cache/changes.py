@@ -90,12 +90,7 @@ class Listener:
     def __init__(self, dbtune):
         self.dbtune = dbtune
         settings = dbtune.settings
-        self.engine = sa.create_engine(
-            settings.url,
-            poolclass=sa.pool.NullPool,
-            isolation_level='AUTOCOMMIT',
-            **_timeouts(settings),
-        )
+        self.engine = _engine(settings)
         self.every = settings.cache_listen_every
         self.dialect = self.engine.dialect.name
         sa.event.listen(dbtune.router.writer, 'connect', self._mark)
@@ -136,6 +131,12 @@ class Listener:
         self._stopping = threading.Event()
         self._expected = {}
         self._expected_lock = threading.Lock()
+        # An engine of its own: the parent's thread may have been in its
+        # engine's first connect as it forked (a gunicorn master's, as it
+        # starts its workers), and SQLAlchemy holds a lock of the engine's
+        # through it, which would stay held here: no connection of this
+        # process would ever be made, and nothing heard.
+        self.engine = _engine(self.dbtune.settings)
         # Its first connection is this process's: not one "again" (the
         # parent's count would say so, and drop a shared cache).
         self.connects = 0
@@ -440,6 +441,16 @@ class ChangeLog:
 #: MySQL's error for a row locked by another transaction, at once with
 #: ``NOWAIT``.
 _LOCK_WAIT_TIMEOUT = 1205
+
+
+def _engine(settings):
+    """The listener's engine: a connection at a time, none kept."""
+    return sa.create_engine(
+        settings.url,
+        poolclass=sa.pool.NullPool,
+        isolation_level='AUTOCOMMIT',
+        **_timeouts(settings),
+    )
 
 
 def _timeouts(settings):
