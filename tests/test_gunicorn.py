@@ -268,6 +268,26 @@ def test_when_ready_closes_the_masters_connections(monkeypatch, db_url):
     router.dispose()
 
 
+def test_when_ready_leaves_listening_to_the_workers(
+    monkeypatch, postgresql_url, apps
+):
+    """The master's listener stops before the workers fork: none of its
+    locks is held as they do, and each worker listens on its own."""
+    from test_changes import in_a_child, listeners, listening
+
+    app = listening(postgresql_url, apps)
+    listener = app.app.registry.dbtune.listener
+    before = listeners()
+    cfg = gunicorn_config(monkeypatch)  # preloads
+    try:
+        config_module.when_ready(Arbiter(cfg, lambda: Wrapper(app.app)))
+    finally:
+        gc.unfreeze()  # this process is not a master about to fork
+    assert not listener.listening.is_set()
+    assert listeners() == before - 1
+    assert in_a_child(lambda: listener.listening.wait(10))
+
+
 def make_plain_app():
     with Configurator() as config:
         config.include('pyramid_dbtune')

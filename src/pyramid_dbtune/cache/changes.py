@@ -123,6 +123,16 @@ class Listener:
         self._thread.start()
         return self
 
+    def before_fork(self, timeout=5):
+        """In a process about to fork the ones that serve (a gunicorn
+        master, before it starts its workers): stop this process's
+        thread, so that none of its locks is held as they fork. Each
+        child starts a thread of its own; this process hears nothing
+        more (it serves nothing)."""
+        self._stopping.set()
+        self._thread.join(timeout)
+        self.listening.clear()
+
     def after_fork(self):
         """The parent's thread did not come along: start one here. No
         commit of this process waits for it yet; a lock held in the

@@ -168,14 +168,19 @@ def when_ready(server):
     With ``--preload``, closes the connections the application opened in
     the master while loading: the workers drop their copies unclosed and
     open their own, so the master's would stay open, idle, for as long as
-    it runs. Without ``--preload`` the master has no application: nothing
-    to do (and nothing is loaded).
+    it runs. Stops the master's listener (``dbtune.cache.listen``): each
+    worker has its own. Without ``--preload`` the master has no
+    application: nothing to do (and nothing is loaded).
     """
     if not server.cfg.preload_app:
         return
     dbtune = _dbtune_of(server.app.wsgi())
     if dbtune is not None and dbtune.router is not None:
         dbtune.router.dispose()
+    if dbtune is not None and dbtune.listener is not None:
+        # Each worker listens: the master's thread stops before the
+        # workers fork, holding nothing of its own they would inherit.
+        dbtune.listener.before_fork()
     # What the application made while loading lives as long as the
     # process: out of the collector's way, each full collection in a
     # worker walks only what the worker made, and the workers' pages of
