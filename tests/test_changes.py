@@ -9,7 +9,6 @@ server the test starts for itself.
 
 import json
 import os
-import socket
 import subprocess
 import sys
 import threading
@@ -32,6 +31,7 @@ from conftest import (
     READS,
     SEARCH,
     SET_RENT,
+    Proxy,
     call,
     create_tables,
     shared_settings,
@@ -489,59 +489,6 @@ def test_a_listener_starts_again_in_a_forked_child(postgresql_url, apps):
     assert not in_a_child(lambda: listener.listening.wait(0.5))
 
 
-class StallingProxy:
-    """A TCP proxy to the server of ``url`` that, once :meth:`stall` is
-    called, lets the next connection log in and then answers none of its
-    queries: a connection held in the middle of a statement."""
-
-    def __init__(self, url):
-        url = sa.engine.make_url(url)
-        self.target = (url.host or '127.0.0.1', url.port or 5432)
-        self.server = socket.create_server(('127.0.0.1', 0))
-        self.url = url.set(host='127.0.0.1', port=self.server.getsockname()[1])
-        self.sockets = [self.server]
-        self.stalling = False
-        self.stalled = threading.Event()
-        threading.Thread(target=self._accept, daemon=True).start()
-
-    def stall(self):
-        self.stalling = True
-
-    def _accept(self):
-        while True:
-            try:
-                client, _ = self.server.accept()
-            except OSError:
-                return  # closed
-            upstream = socket.create_connection(self.target)
-            self.sockets += [client, upstream]
-            stall, self.stalling = self.stalling, False
-            for a, b, held in (
-                (client, upstream, False),
-                (upstream, client, stall),
-            ):
-                threading.Thread(
-                    target=self._pipe, args=(a, b, held), daemon=True
-                ).start()
-
-    def _pipe(self, source, sink, stall):
-        ready = False
-        try:
-            while data := source.recv(65536):
-                if ready:
-                    self.stalled.set()
-                    continue  # swallowed: the client waits for an answer
-                sink.sendall(data)
-                # ReadyForQuery, idle: logged in.
-                ready = stall and b'Z\x00\x00\x00\x05I' in data
-        except OSError:
-            pass
-
-    def close(self):
-        for sock in self.sockets:
-            sock.close()
-
-
 def test_a_child_forked_while_its_parent_connects_listens(
     postgresql_url, apps
 ):
@@ -549,21 +496,42 @@ def test_a_child_forked_while_its_parent_connects_listens(
     its first connection, in which SQLAlchemy holds a lock of the engine:
     the child's listener connects all the same, and hears."""
     create_tables(postgresql_url)
-    proxy = StallingProxy(postgresql_url)
+    url = sa.engine.make_url(postgresql_url)
+    proxy = Proxy(url.port or 5432)
+    stalling, withheld, let_go = (threading.Event() for _ in range(3))
+    held, ready = {}, {}  # by the thread that pumps a connection's replies
+
+    def mangle(data):
+        # The first connection made once stalling: it logs in, and the
+        # answer to its first statement is withheld.
+        me = threading.get_ident()
+        if me not in held:
+            held[me] = stalling.is_set() and not any(held.values())
+        if held[me] and ready.get(me):
+            withheld.set()
+            let_go.wait(30)
+            return []  # hung up
+        ready[me] = b'Z\x00\x00\x00\x05I' in data  # ReadyForQuery
+        return [data]
+
+    proxy.mangle = mangle
     try:
-        url = proxy.url.render_as_string(hide_password=False)
-        dbtune = apps(url, METHODS, tables=False).app.registry.dbtune
+        proxied = url.set(host='127.0.0.1', port=proxy.port)
+        dbtune = apps(
+            proxied.render_as_string(hide_password=False),
+            METHODS,
+            tables=False,
+        ).app.registry.dbtune
         assert dbtune.listener is None
-        proxy.stall()
+        stalling.set()
         changes.start(dbtune)
         listener = dbtune.listener
-        # The parent's first connection has logged in, and waits for the
-        # answer to its first statement.
-        assert proxy.stalled.wait(10)
+        assert withheld.wait(10)  # the parent's first connect waits
         assert not listener.listening.is_set()
         assert in_a_child(lambda: listener.listening.wait(10))
     finally:
-        proxy.close()  # the parent's connection fails, and it stops
+        let_go.set()  # the parent's connection fails, and it stops
+        proxy.cut()
 
 
 def test_a_dbtune_has_one_listener(postgresql_url, apps):
