@@ -8,6 +8,7 @@ server the test starts for itself.
 """
 
 import json
+import logging
 import os
 import subprocess
 import sys
@@ -490,7 +491,7 @@ def test_a_listener_starts_again_in_a_forked_child(postgresql_url, apps):
 
 
 def test_a_child_forked_while_its_parent_connects_listens(
-    postgresql_url, apps
+    postgresql_url, apps, caplog
 ):
     """A gunicorn master may fork its workers while its listener makes
     its first connection, in which SQLAlchemy holds a lock of the engine:
@@ -499,19 +500,23 @@ def test_a_child_forked_while_its_parent_connects_listens(
     url = sa.engine.make_url(postgresql_url)
     proxy = Proxy(url.port or 5432)
     stalling, withheld, let_go = (threading.Event() for _ in range(3))
-    held, ready = {}, {}  # by the thread that pumps a connection's replies
+    # Of each connection, by the thread that pumps its replies: whether
+    # it is the one held, and whether it has logged in.
+    pump, claimed = threading.local(), []
 
     def mangle(data):
         # The first connection made once stalling: it logs in, and the
         # answer to its first statement is withheld.
-        me = threading.get_ident()
-        if me not in held:
-            held[me] = stalling.is_set() and not any(held.values())
-        if held[me] and ready.get(me):
+        if not hasattr(pump, 'held'):
+            pump.held = stalling.is_set() and not claimed
+            pump.ready = False
+            if pump.held:
+                claimed.append(True)
+        if pump.held and pump.ready:
             withheld.set()
             let_go.wait(30)
             return []  # hung up
-        ready[me] = b'Z\x00\x00\x00\x05I' in data  # ReadyForQuery
+        pump.ready = b'Z\x00\x00\x00\x05I' in data  # ReadyForQuery
         return [data]
 
     proxy.mangle = mangle
@@ -528,6 +533,12 @@ def test_a_child_forked_while_its_parent_connects_listens(
         listener = dbtune.listener
         assert withheld.wait(10)  # the parent's first connect waits
         assert not listener.listening.is_set()
+        assert in_a_child(lambda: listener.listening.wait(10))
+        # As a gunicorn master's when_ready stops it: it cannot, and says
+        # so; its children listen all the same.
+        with caplog.at_level(logging.WARNING, 'pyramid_dbtune.cache.changes'):
+            listener.before_fork(timeout=0.1)
+        assert 'did not stop within 0.1 s before the fork' in caplog.text
         assert in_a_child(lambda: listener.listening.wait(10))
     finally:
         let_go.set()  # the parent's connection fails, and it stops

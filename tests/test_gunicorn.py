@@ -275,8 +275,12 @@ def test_when_ready_leaves_listening_to_the_workers(
     locks is held as they do, and each worker listens on its own."""
     from test_changes import in_a_child, listeners, listening
 
+    from conftest import READS, call
+
     app = listening(postgresql_url, apps)
+    call(app, *READS)  # as the app may, loading
     listener = app.app.registry.dbtune.listener
+    assert len(app.app.registry.dbtune.cache) > 0
     before = listeners()
     cfg = gunicorn_config(monkeypatch)  # preloads
     try:
@@ -285,6 +289,9 @@ def test_when_ready_leaves_listening_to_the_workers(
         gc.unfreeze()  # this process is not a master about to fork
     assert not listener.listening.is_set()
     assert listeners() == before - 1
+    # What the master cached, no one keeps fresh: a worker forked later
+    # (in place of one that ended) does not inherit it.
+    assert len(app.app.registry.dbtune.cache) == 0
     assert in_a_child(lambda: listener.listening.wait(10))
 
 

@@ -128,10 +128,20 @@ class Listener:
         master, before it starts its workers): stop this process's
         thread, so that none of its locks is held as they fork. Each
         child starts a thread of its own; this process hears nothing
-        more (it serves nothing)."""
+        more (it serves nothing), and its cache, which children forked
+        later (a worker in place of one that ended) inherit, is dropped:
+        nothing keeps it fresh from now on."""
         self._stopping.set()
         self._thread.join(timeout)
+        if self._thread.is_alive():
+            log.warning(
+                'pyramid_dbtune: the listener did not stop within %s s '
+                'before the fork (still connecting?); each child listens '
+                'on an engine of its own all the same',
+                timeout,
+            )
         self.listening.clear()
+        self.dbtune.cache.invalidate(None)
 
     def after_fork(self):
         """The parent's thread did not come along: start one here. No
