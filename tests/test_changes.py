@@ -576,6 +576,10 @@ def test_a_shared_cache_is_kept_when_a_process_starts_listening(
     assert second.app.registry.dbtune.listener.listening.wait(10)
     # What others cached stays: their listeners heard what it did not.
     assert call(second, *READS)['cache']['hit'] == len(READS)
+    # Nor does a master that hands listening to its workers drop it.
+    other = apps(postgresql_url, METHODS, {**settings, **LISTEN}, tables=False)
+    other.app.registry.dbtune.listener.before_fork()
+    assert call(second, *READS)['cache']['hit'] == len(READS)
     assert dropped(second, 'UPDATE property SET rent = 97 WHERE id = 4') == [
         1, 4, 5
     ]  # fmt: skip

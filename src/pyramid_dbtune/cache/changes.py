@@ -130,7 +130,8 @@ class Listener:
         child starts a thread of its own; this process hears nothing
         more (it serves nothing), and its cache, which children forked
         later (a worker in place of one that ended) inherit, is dropped:
-        nothing keeps it fresh from now on."""
+        nothing keeps it fresh from now on (but a cache other processes
+        share: they keep it fresh)."""
         self._stopping.set()
         self._thread.join(timeout)
         if self._thread.is_alive():
@@ -141,7 +142,8 @@ class Listener:
                 timeout,
             )
         self.listening.clear()
-        self.dbtune.cache.invalidate(None)
+        if self.dbtune.settings.cache_backend != 'memcached':
+            self.dbtune.cache.invalidate(None)
 
     def after_fork(self):
         """The parent's thread did not come along: start one here. No
