@@ -22,6 +22,7 @@ from pyramid.config import Configurator
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
 from webtest import TestApp
 
+from pyramid_dbtune.cache import triggers
 from pyramid_dbtune.routing.work import ROWS_TOLD
 from servers import MariaDB, PostgreSQL, ServerMissing
 
@@ -676,3 +677,40 @@ def rent_on(url, id=1):
         return None
     finally:
         engine.dispose()
+
+
+#: The methods of the tests of the listener: reads, and a write.
+METHODS = [SEARCH, GET, AREAS, SET_RENT]
+#: The listener on, looking for changes every 0.05 s.
+LISTEN = {'dbtune.cache.listen': 'true', 'dbtune.cache.listen_every': '0.05'}
+
+
+def listening(url, apps, settings=LISTEN, methods=METHODS):
+    """An app with the listener on, the triggers installed, listening."""
+    create_tables(url)
+    engine = sa.create_engine(url, poolclass=sa.pool.NullPool)
+    triggers.install(engine, {'property': (('area', 'id'), ('rent',))})
+    engine.dispose()
+    app = apps(url, methods, settings, tables=False)
+    assert app.app.registry.dbtune.listener.listening.wait(10)
+    return app
+
+
+def in_a_child(check):
+    """``check()``'s truth in a child forked now."""
+    read, write = os.pipe()
+    pid = os.fork()
+    if pid == 0:
+        os.write(write, b'1' if check() else b'0')
+        os._exit(0)
+    answer = os.read(read, 1)
+    os.waitpid(pid, 0)
+    os.close(read)
+    os.close(write)
+    return answer == b'1'
+
+
+def listeners():
+    return sum(
+        t.name == 'pyramid_dbtune listener' for t in threading.enumerate()
+    )

@@ -9,7 +9,6 @@ server the test starts for itself.
 
 import json
 import logging
-import os
 import subprocess
 import sys
 import threading
@@ -27,33 +26,21 @@ from pyramid_dbtune.deploy.cli import main
 from pyramid_dbtune.settings import parse
 
 from conftest import (
-    AREAS,
-    GET,
+    LISTEN,
+    METHODS,
     READS,
-    SEARCH,
-    SET_RENT,
     Proxy,
     call,
     create_tables,
+    in_a_child,
+    listeners,
+    listening,
     shared_settings,
 )
 
-METHODS = [SEARCH, GET, AREAS, SET_RENT]
-LISTEN = {'dbtune.cache.listen': 'true', 'dbtune.cache.listen_every': '0.05'}
 #: Seconds a change made outside the app may take to reach a process.
 LIMIT = 1.0
 SERVER = Path(__file__).parent / 'dbtune_server.py'
-
-
-def listening(url, apps, settings=LISTEN, methods=METHODS):
-    """An app with the listener on, the triggers installed, listening."""
-    create_tables(url)
-    engine = sa.create_engine(url, poolclass=sa.pool.NullPool)
-    triggers.install(engine, {'property': (('area', 'id'), ('rent',))})
-    engine.dispose()
-    app = apps(url, methods, settings, tables=False)
-    assert app.app.registry.dbtune.listener.listening.wait(10)
-    return app
 
 
 def outside(url, *statements):
@@ -463,20 +450,6 @@ def test_a_listener_says_which_tables_have_no_triggers(
     assert 'no triggers tell of changes to property' in caplog.text
 
 
-def in_a_child(check):
-    """``check()``'s truth in a child forked now."""
-    read, write = os.pipe()
-    pid = os.fork()
-    if pid == 0:
-        os.write(write, b'1' if check() else b'0')
-        os._exit(0)
-    answer = os.read(read, 1)
-    os.waitpid(pid, 0)
-    os.close(read)
-    os.close(write)
-    return answer == b'1'
-
-
 def test_a_listener_starts_again_in_a_forked_child(postgresql_url, apps):
     app = listening(postgresql_url, apps)
     listener = app.app.registry.dbtune.listener
@@ -552,12 +525,6 @@ def test_a_dbtune_has_one_listener(postgresql_url, apps):
     changes.start(dbtune)  # as the Zope side's operator's views do
     assert dbtune.listener is listener
     assert listeners() == before
-
-
-def listeners():
-    return sum(
-        t.name == 'pyramid_dbtune listener' for t in threading.enumerate()
-    )
 
 
 def test_a_shared_cache_is_kept_when_a_process_starts_listening(

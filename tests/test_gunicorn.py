@@ -36,7 +36,7 @@ from pyramid_dbtune.deploy import cli, forks, threadcheck
 from pyramid_dbtune.deploy import gunicorn as config_module
 from pyramid_dbtune.ops import probes
 
-from conftest import IN_CI, READS, call
+from conftest import IN_CI, READS, call, in_a_child, listeners, listening
 
 sys.path.insert(0, str(Path(__file__).parents[1] / 'benchmarks'))
 from common import (  # noqa: E402
@@ -273,8 +273,6 @@ def test_when_ready_leaves_listening_to_the_workers(
 ):
     """The master's listener stops before the workers fork: none of its
     locks is held as they do, and each worker listens on its own."""
-    from test_changes import in_a_child, listeners, listening
-
     app = listening(postgresql_url, apps)
     call(app, *READS)  # as the app may, loading
     listener = app.app.registry.dbtune.listener
