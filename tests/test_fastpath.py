@@ -14,7 +14,6 @@ from pyramid.response import Response
 from pyramid_retry import RetryableException
 from webtest import TestApp
 
-from pyramid_dbtune.deploy import forks
 from pyramid_dbtune.fastpath import (
     FastPathError,
     deep_check,
@@ -23,7 +22,7 @@ from pyramid_dbtune.fastpath import (
     wrap,
 )
 
-from conftest import echo_app, query_log
+from conftest import echo_app, in_a_child, query_log
 
 PATHS = '/ok.html=OK /healthz=healthy'
 
@@ -442,19 +441,17 @@ def test_a_hung_ping_is_given_up_for_a_new_one(silent_server, monkeypatch):
     assert health.stranded == 3 and health.running is not None
     # In a child forked now, the pings in flight and the locks are the
     # parent's: the deep check starts afresh.
-    health.lock.acquire()  # as another thread of the parent may hold it
-    monkeypatch.setattr(forks, '_objects', forks.weakref.WeakSet([health]))
-    monkeypatch.setattr(forks, '_owner', -1)
-    monkeypatch.setattr(forks, 'renewed', 0)
-    forks.renew()
-    assert health.stranded == 0 and health.running is None
-    assert not health.lock.locked()
-    health_module._healths_lock.acquire()
-    try:
-        health_module._new_healths_lock()  # what os.fork runs in the child
-        assert not health_module._healths_lock.locked()
-    finally:
-        monkeypatch.setattr(health_module, '_healths_lock', threading.Lock())
+    # Other threads of the parent may hold its locks as it forks.
+    with health.lock, health_module._healths_lock:
+        assert in_a_child(
+            lambda: (
+                health.stranded == 0
+                and health.running is None
+                and not health.lock.locked()
+                and not health_module._healths_lock.locked()
+            )
+        )
+    assert health.stranded == 3
 
 
 @pytest.mark.parametrize(
