@@ -52,7 +52,7 @@ ATTEMPTS = 3
 
 @pytest.fixture(autouse=True)
 def nothing_declared(monkeypatch):
-    monkeypatch.setattr(probes, '_declared', {})
+    monkeypatch.setattr(probes, 'declared', {})
 
 
 # The config module

@@ -513,7 +513,7 @@ def test_with_every_server_taken_out_reads_are_misses(
 def test_key_and_route_memos_are_bounded(
     sqlite_url, memcached, apps, monkeypatch
 ):
-    monkeypatch.setattr(memcached_module, '_MEMO_SIZE', 0)
+    monkeypatch.setattr(memcached_module, 'MEMO_SIZE', 0)
     app = apps(sqlite_url, [SEARCH], shared_settings(memcached))
     cache = app.app.registry.dbtune.cache
     for area in ('Headingley', 'Burley', 'Headingley'):

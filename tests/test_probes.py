@@ -38,7 +38,7 @@ def get(app, probe, status=200, **params):
 
 @pytest.fixture(autouse=True)
 def nothing_declared(monkeypatch):
-    monkeypatch.setattr(probes, '_declared', {})
+    monkeypatch.setattr(probes, 'declared', {})
 
 
 def test_off_by_default_installs_nothing(sqlite_url):

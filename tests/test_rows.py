@@ -136,7 +136,7 @@ def test_columns_are_properties_of_a_class_made_once():
 def test_the_classes_made_are_bounded(monkeypatch):
     from pyramid_dbtune.sql import rows as rows_module
 
-    monkeypatch.setattr(rows_module, '_MAX_CLASSES', 0)
+    monkeypatch.setattr(rows_module, 'MAX_CLASSES', 0)
     first = Rows(['unseen_column'], [(1,)])
     again = Rows(['unseen_column'], [(1,)])
     assert type(first[0]) is not type(again[0])

@@ -94,7 +94,7 @@ def behind_a_lock(app):
 
 @pytest.fixture(autouse=True)
 def nothing_declared(monkeypatch):
-    monkeypatch.setattr(probes, '_declared', {})
+    monkeypatch.setattr(probes, 'declared', {})
 
 
 def run(*argv):

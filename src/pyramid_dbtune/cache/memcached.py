@@ -41,7 +41,9 @@ log = logging.getLogger(__name__)
 FORMAT = 1
 _SIGNATURE = 32  # bytes of HMAC-SHA256
 _LOCK_TIME = 5  # seconds a fill lock lives, if its holder dies
-_MEMO_SIZE = 512
+#: How many tables' key lists are remembered (and eight times as many
+#: entry names, routes and generation keys), then forgotten at once.
+MEMO_SIZE = 512
 #: The largest cache key whose memcached name is remembered.
 _MEMO_KEY_BYTES = 4096
 #: How long a miss waits, then again, for another process's fill: 0.5 s.
@@ -126,7 +128,7 @@ class MemcachedCache(ServerCalls):
             # Remembered for small keys only: a call with big arguments
             # would keep them alive here, outside dbtune.cache.max_bytes.
             if key_size(key) <= _MEMO_KEY_BYTES:
-                if len(self._names) >= _MEMO_SIZE * 8:
+                if len(self._names) >= MEMO_SIZE * 8:
                     self._names.clear()
                 self._names[key] = name
         return name
@@ -145,7 +147,7 @@ class MemcachedCache(ServerCalls):
         # Tables and rows' tags are short; hashed anyway so any one fits.
         name = self._generation_keys.get(table)
         if name is None:
-            if len(self._generation_keys) >= _MEMO_SIZE * 8:
+            if len(self._generation_keys) >= MEMO_SIZE * 8:
                 self._generation_keys.clear()  # a tag a row: bounded
             digest = hashlib.blake2b(table.encode('utf-8'), digest_size=12)
             name = self._generation_keys[table] = self._name(
@@ -189,7 +191,7 @@ class MemcachedCache(ServerCalls):
             if not live:
                 return None
             server = live[ring.get_node(name)]
-            if len(self._routes) > _MEMO_SIZE * 8:
+            if len(self._routes) > MEMO_SIZE * 8:
                 self._routes.clear()
             self._routes[name] = server
         return server
@@ -219,7 +221,7 @@ class MemcachedCache(ServerCalls):
             ordered = (*sorted(tables), EPOCH)
             pairs = tuple((t, self._generation_key(t)) for t in ordered)
             known = self._table_keys[tables] = (pairs, [k for _, k in pairs])
-            if len(self._table_keys) > _MEMO_SIZE:
+            if len(self._table_keys) > MEMO_SIZE:
                 self._table_keys.clear()
         return known
 

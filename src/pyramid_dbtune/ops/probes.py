@@ -53,14 +53,14 @@ _SQL = {
 _PLAIN = ('SELECT 1 AS one', False)
 
 #: What a server told this process about itself (see :func:`declare`).
-_declared = {}
+declared = {}
 
 
 def declare(**claims):
     """Record what the server says of this process: ``server``,
     ``workers``, ``threads``, ``worker_class``. The gunicorn hooks
     (:mod:`pyramid_dbtune.gunicorn`) call it in each worker."""
-    _declared.update(claims)
+    declared.update(claims)
 
 
 def cgroup_cpus(root='/sys/fs/cgroup', own='/proc/self/cgroup'):
@@ -146,7 +146,7 @@ def server_claims(environ):
         'worker_class': None,
         'cores': usable_cores(),
     }
-    claims.update(_declared)
+    claims.update(declared)
     # mod_wsgi's module exists only inside Apache, and says both counts.
     mod_wsgi = sys.modules.get('mod_wsgi')
     if hasattr(mod_wsgi, 'threads_per_process'):

@@ -105,7 +105,9 @@ def _class_of(columns):
 
 
 _CLASSES = {}
-_MAX_CLASSES = 1000
+#: How many record classes (one a set of columns) are kept for reuse;
+#: past it, each result of columns not seen before makes its own.
+MAX_CLASSES = 1000
 _GETTERS = ()
 
 
@@ -148,7 +150,7 @@ def _record_class(items):
             (Record,),
             {'__slots__': (), '_index': index, '_names': names, **attributes},
         )
-        if len(_CLASSES) < _MAX_CLASSES:
+        if len(_CLASSES) < MAX_CLASSES:
             _CLASSES[items] = made
     return made
 
