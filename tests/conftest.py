@@ -303,7 +303,8 @@ class QueryLog:
 
     def _record(self, name, conn, cursor, statement, *args):
         if statement.startswith(ROWS_TOLD):
-            return  # not a method's: counted apart, in test_precise.py
+            # Not a method's: counted apart, in test_invalidation_by_row.py.
+            return
         with self._lock:
             self.statements.append(statement)
             self.engines.append(name)

@@ -1,3 +1,6 @@
+"""Cached rows as the package hands them back: records read by name, key
+and position, pickled, compared, and their classes bounded."""
+
 import pickle
 
 import pytest

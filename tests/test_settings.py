@@ -1,3 +1,6 @@
+"""The dbtune.* settings: their defaults, their types, every bad value
+named at start-up, and a setting added after the include refused."""
+
 import pytest
 from pyramid.config import Configurator
 from pyramid.exceptions import ConfigurationError, ConfigurationExecutionError

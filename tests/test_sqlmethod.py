@@ -1,3 +1,6 @@
+"""SQL methods (``pyramid_dbtune.sql.method``): their definitions and
+errors, binding arguments, and .sql files with their headers."""
+
 import datetime
 import decimal
 import uuid
