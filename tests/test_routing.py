@@ -21,6 +21,7 @@ from webtest import TestApp
 
 from pyramid_dbtune import WriteInReadError, WriteSlotTimeout
 from pyramid_dbtune.routing.errors import is_retryable
+from pyramid_dbtune.routing.work import PIN_COOKIE
 
 from conftest import (
     POSTGRESQL_URL,
@@ -626,6 +627,18 @@ class OracleError:
         self.code = code
 
 
+def test_a_transaction_left_open_keeps_its_unit(sqlite_url, apps):
+    app = apps(sqlite_url, [CACHED_RENTS])
+    request = prepare(registry=app.app.registry)['request']
+    request.tm = transaction.TransactionManager(explicit=True)
+    request.tm.begin()
+    unit = request.dbtune.unit
+    assert [r.rent for r in request.sql.rents()] == [90, 120, 80, 70]
+    request._process_finished_callbacks()
+    assert unit.request is request  # for what comes next in it
+    request.tm.abort()
+
+
 @pytest.mark.parametrize('kind', [ORACLE_LIKE, CX_ORACLE_LIKE])
 @pytest.mark.parametrize(
     'code, retryable', [(8177, True), (60, True), (1, False), (1213, False)]
@@ -822,6 +835,70 @@ def test_a_subrequest_makes_the_unit_its_parent_writes_in(db_url):
     app = parent_and_child(db_url, parent, child)
     assert app.get('/parent').json == [[90, 120, 80, 70], '/child']
     assert call_rents(app) == [90, 120, 333, 70]
+    app.app.registry.dbtune.router.dispose()
+
+
+def test_a_subrequest_that_makes_the_unit_and_writes_commits(db_url, caplog):
+    # The child's write opens the transaction's writing side; the child
+    # ends with it open, and the parent's end commits it.
+    def parent(request):
+        sub = Request.blank('/child')
+        return request.invoke_subrequest(sub, use_tweens=False).json
+
+    def child(request):
+        request.sql.set_rent(id=2, rent=222)
+        return 'written'
+
+    app = parent_and_child(db_url, parent, child)
+    assert app.get('/parent').json == 'written'
+    assert 'outlived its request' not in caplog.text
+    assert call_rents(app) == [90, 222, 80, 70]
+    app.app.registry.dbtune.router.dispose()
+
+
+@pytest.mark.parametrize('parent_writes', [True, False])
+def test_the_pin_of_a_subrequests_unit_is_its_parents(
+    sqlite_url, parent_writes
+):
+    # The client gets the pin, whichever request of the transaction made
+    # the unit and wrote: the parent's response is the one it sees.
+    def parent(request):
+        sub = Request.blank('/child')
+        answer = request.invoke_subrequest(sub, use_tweens=False)
+        if parent_writes:
+            request.sql.set_rent(id=3, rent=333)
+        return answer.json
+
+    def child(request):
+        if not parent_writes:
+            request.sql.set_rent(id=2, rent=222)
+        return [r.rent for r in request.sql.rents()]
+
+    settings = {'dbtune.read_urls': sqlite_url, 'dbtune.pin_after_write': '5'}
+    app = parent_and_child(sqlite_url, parent, child, **settings)
+    answer = app.get('/parent')
+    assert PIN_COOKIE in answer.headers.get('Set-Cookie', '')
+    app.app.registry.dbtune.router.dispose()
+
+
+def test_the_unit_lets_go_beside_a_callback_that_also_waits(sqlite_url):
+    # A finished callback of the app's that, like the unit's, waits for
+    # the others: each waits once, and neither for ever.
+    waited, units = [], []
+
+    def polite(request):
+        if request.finished_callbacks and len(waited) < 20:
+            waited.append(request)
+            request.add_finished_callback(polite)
+
+    def parent(request):
+        units.append(request.dbtune.unit)
+        request.add_finished_callback(polite)
+        return [r.rent for r in request.sql.rents()]
+
+    app = parent_and_child(sqlite_url, parent, lambda request: None)
+    assert app.get('/parent').json == [90, 120, 80, 70]
+    assert len(waited) == 1 and units[0].request is None
     app.app.registry.dbtune.router.dispose()
 
 

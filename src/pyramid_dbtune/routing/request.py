@@ -34,7 +34,7 @@ class RequestContext:
                 'sqlalchemy.url) to use request.sql or request.dbsession'
             )
         self.unit = UnitOfWork.of(request, dbtune.router, dbtune.cache)
-        request.add_finished_callback(self.unit.ended)
+        self.unit.serve(request)
         self.cache = dict.fromkeys((HIT, MISS, STALE, WAITED, 'uncached'), 0)
         self.queries = 0
         self.db_seconds = 0.0

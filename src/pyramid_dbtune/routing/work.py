@@ -18,10 +18,12 @@ to it, and returns once the listener has heard of it.
 import json
 import logging
 import time
+from functools import partial
 from time import perf_counter
 
 import sqlalchemy as sa
 import transaction.interfaces
+from pyramid import threadlocal
 from zope.sqlalchemy import mark_changed, register
 
 from ..cache.triggers import CHANNEL
@@ -50,6 +52,20 @@ MAX_ROWS_TOLD = 100
 ROWS_TOLD = '/* pyramid_dbtune: the rows a write touches */ '
 #: Seconds a causal pin is kept by the client: replicas replay long before.
 PIN_FOR = 3600
+
+
+def _parent_of(request):
+    """The request ``request`` is a subrequest of, if it is one: the one
+    below it on Pyramid's stack of current requests. Pyramid pushes each
+    request it invokes there, a subrequest on its parent; it has no public
+    way to look below the top (``get_current_request``), hence its
+    ``manager.stack``."""
+    stack = [pushed.get('request') for pushed in threadlocal.manager.stack]
+    below = {
+        id(above): under
+        for under, above in zip(stack, stack[1:], strict=False)
+    }
+    return below.get(id(request))
 
 
 class UnitOfWork:
@@ -115,7 +131,7 @@ class UnitOfWork:
         txn.set_data(self.router, self)
         self._txn = txn
 
-    def ended(self, request):
+    def ended(self, request, last=False):
         """A finished callback of each request this unit serves: once the
         request has ended, and its transaction too, let go of it.
 
@@ -123,11 +139,17 @@ class UnitOfWork:
         as they are, the request, its environ and its response wait for
         the garbage collector, which a busy worker then runs twice as
         often. Run after the request's other finished callbacks, which may
-        still use the unit; a subrequest run in its parent's transaction
-        leaves the unit its request, for the parent to go on with."""
-        if request.finished_callbacks:
-            request.add_finished_callback(self.ended)  # the others first
+        still use the unit. A subrequest run in its parent's transaction
+        hands the unit to its parent, which goes on in it: the parent's
+        response gets the pin, and the parent's end ends it. A write
+        transaction still open when the outermost request ends would hold
+        its write slot for ever: it is aborted."""
+        if request.finished_callbacks and not last:
+            # The others first; once, in case another callback waits so.
+            request.add_finished_callback(partial(self.ended, last=True))
             return
+        if request is not self.request:
+            return  # a subrequest that shared it; the unit's request goes on
         # Not request.tm.get(): with an implicit manager, it would begin
         # a transaction.
         txn = self._txn
@@ -135,10 +157,25 @@ class UnitOfWork:
             going_on = txn is not None and txn.data(self.router) is self
         except KeyError:  # it ended: an ended transaction forgets its data
             going_on = False
-        if not going_on:
-            if request.registry.dbtune.adopts:
-                self._let_go_of_the_session()
-            self.request = None
+        if going_on:
+            parent = _parent_of(request)
+            if parent is not None:
+                self.request = parent
+                self.serve(parent)
+                return
+            if not self.dirty:
+                return  # what comes next in its transaction may use it
+            log.error('a write transaction outlived its request; aborting')
+            request.tm.abort()
+        if request.registry.dbtune.adopts:
+            self._let_go_of_the_session()
+        self.request = None
+
+    def serve(self, request):
+        """Let go of the unit when ``request`` ends (:meth:`ended`), if
+        that is not arranged already."""
+        if self.ended not in request.finished_callbacks:
+            request.add_finished_callback(self.ended)
 
     def _let_go_of_the_session(self):
         """Give the application's session back as it was before it was
@@ -226,7 +263,6 @@ class UnitOfWork:
             txn.addBeforeCommitHook(self._before_commit)
             txn.addAfterCommitHook(self._after_commit)
             txn.addAfterAbortHook(self._finish)
-            self.request.add_finished_callback(self._release_at_the_end)
             self._let_go_of_the_reader()
             if self._session is not None:
                 self._session.bind = self.router.writer
@@ -477,10 +513,3 @@ class UnitOfWork:
         if self._token is not None:  # sent, but not committed
             self.request.registry.dbtune.listener.forget(self._token)
             self._token = None
-
-    def _release_at_the_end(self, request):
-        # A transaction left open past its request would hold its slot,
-        # and every writer of the process would wait for it in vain.
-        if self.dirty:
-            log.error('a write transaction outlived its request; aborting')
-            self.request.tm.abort()
