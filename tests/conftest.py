@@ -24,7 +24,7 @@ from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
 from webtest import TestApp
 
 from pyramid_dbtune.cache import triggers
-from pyramid_dbtune.routing.work import ROWS_TOLD
+from pyramid_dbtune.routing.touched import ROWS_TOLD
 from servers import MariaDB, PostgreSQL, ServerMissing
 
 POSTGRESQL_URL = os.environ.get(

@@ -14,7 +14,7 @@ import sqlalchemy as sa
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
 
 from pyramid_dbtune.cache.changes import tags_of
-from pyramid_dbtune.routing.work import ROWS_TOLD
+from pyramid_dbtune.routing.touched import ROWS_TOLD
 from pyramid_dbtune.sql.conditions import (
     read_pins,
     told,

@@ -28,13 +28,13 @@ from zope.sqlalchemy import mark_changed, register
 
 from ..cache.triggers import CHANNEL
 from ..convert import whole_number
-from ..sql.conditions import any_row, told, value_tag
-from ..sql.shapes import Change
+from ..sql.conditions import any_row
 from .connect import fetch
 from .errors import (
     WriteSlotTimeout,
 )
 from .lag import NO_POSITION, read_pin, sign_pin
+from .touched import touched
 
 log = logging.getLogger(__name__)
 
@@ -45,11 +45,6 @@ PIN_COOKIE = 'dbtune_pin'
 UNIT = 'dbtune.unit'
 #: ... and the bind it had before it was adopted.
 OWN_BIND = 'dbtune.own_bind'
-#: A write that touches more rows than this drops its table's reads whole.
-MAX_ROWS_TOLD = 100
-#: What begins the SELECT that finds the rows a SQL method's write
-#: touches, so that it is told apart in the database's logs.
-ROWS_TOLD = '/* pyramid_dbtune: the rows a write touches */ '
 #: Seconds a causal pin is kept by the client: replicas replay long before.
 PIN_FOR = 3600
 
@@ -301,7 +296,10 @@ class UnitOfWork:
         session = self.session
         self._told = None
         if method.writes and method.tables:
-            self._tags.update(self._touched(method, params, session))
+            tags, self._told, change = touched(self, method, params, session)
+            self._tags.update(tags)
+            if change is not None:
+                self._changes.append(change)
         result = session.execute(
             statement, params, execution_options={'dbtune_routed': True}
         )
@@ -314,83 +312,6 @@ class UnitOfWork:
         if method.writes:
             self.session_wrote(session)
         return fetch(result, method.max_rows)
-
-    def _touched(self, method, params, session):
-        """The tags of the rows a SQL method's write touches, before and
-        after: its WHERE run as a SELECT of the watched columns, first,
-        and what it sets them to. Nothing where no read of its table is
-        pinned or watched; where they cannot be told, the tag that drops
-        every read of its table. The rows, as they were and will be, are
-        kept for the commit (:class:`~pyramid_dbtune.sql.shapes.Change`).
-        """
-        dbtune = self.request.registry.dbtune
-        pinned, watched = dbtune.pinned, dbtune.watched
-        if len(method.tables) > 1:  # its rows are not told
-            tags = [
-                any_row(t)
-                for t in method.tables
-                if t in pinned or t in watched
-            ]
-            self.count_untold(method.name, tags)
-            return tags
-        (table,) = method.tables
-        shape = method.write_shape
-        keys = sorted(pinned.get(table, ()))
-        columns = sorted(set(keys) | watched.get(table, set()))
-        if not columns:
-            return ()
-        if (
-            method.list_params
-            or not told(shape, columns)
-            or not set(columns) <= self.router.columns(session, table)
-        ):
-            self.count_untold(method.name, True)
-            return (any_row(table),)
-        new = {
-            c: params.get(shape.sets[c]) for c in columns if c in shape.sets
-        }
-        if shape.where is None:  # an INSERT
-            old, rows = [], [new]
-            self._told = (table, 1)
-        else:
-            # Locked: the rows as the write will find them, which no other
-            # transaction changes before it does (a plain SELECT reads
-            # MySQL's snapshot). SQLite has one writer at a time.
-            lock = '' if self.router.dialect == 'sqlite' else '\nFOR UPDATE'
-            select = sa.text(
-                f'{ROWS_TOLD}SELECT {", ".join(columns)} FROM {shape.table} '
-                f'WHERE {shape.where}{lock}'
-            )
-            found = (
-                session.execute(
-                    select, params, execution_options={'dbtune_routed': True}
-                )
-                .mappings()
-                .fetchmany(MAX_ROWS_TOLD + 1)
-            )
-            old = [dict(row) for row in found]
-            rows = old if len(old) <= MAX_ROWS_TOLD else None
-            self._told = (table, len(old))
-            if rows and shape.sets:  # an UPDATE: the rows as they will be
-                rows = [*old, *({**row, **new} for row in old)]
-        tags = {
-            value_tag(table, c, row[c]) for row in rows or () for c in keys
-        }
-        if rows is None or None in tags:
-            self.count_untold(method.name, True)
-            return (any_row(table),)
-        if table in watched:
-            # Matched, not patched: the values a write stores may differ
-            # from those it was given (rounding, padding, defaults,
-            # triggers). The database's own notice tells them.
-            self._changes.append(
-                Change(
-                    table,
-                    tuple(old),
-                    tuple(rows[len(old) :] if shape.where else rows),
-                )
-            )
-        return tags
 
     def count_untold(self, name, tags):
         """Count a write of ``name`` whose rows were not told, where it
@@ -468,16 +389,7 @@ class UnitOfWork:
         this process's fills of the tables written."""
         self.router.wrote(None if self._all_tables else self._tables, position)
         # A transaction commits once: one cookie.
-        self.request.add_response_callback(
-            lambda request, response: response.set_cookie(
-                PIN_COOKIE,
-                sign_pin(self.position, self.router.pin_key),
-                max_age=PIN_FOR,
-                httponly=True,
-                samesite='Lax',
-                path='/',
-            )
-        )
+        self._set_pin(lambda: sign_pin(self.position, self.router.pin_key))
         self.position |= position
 
     def _pin(self):
@@ -486,17 +398,24 @@ class UnitOfWork:
             return
         if not self._committed_writes:
             self._committed_writes = True
-            self.request.add_response_callback(
-                lambda request, response: response.set_cookie(
-                    PIN_COOKIE,
-                    str(int(time.time() + seconds)),
-                    max_age=int(seconds + 0.999),
-                    httponly=True,
-                    samesite='Lax',
-                    path='/',
-                )
+            self._set_pin(
+                lambda: str(int(time.time() + seconds)), int(seconds + 0.999)
             )
         self.pinned = True
+
+    def _set_pin(self, value, seconds=PIN_FOR):
+        """Give the client the pin ``value()``, taken as the response is
+        made, for ``seconds``."""
+        self.request.add_response_callback(
+            lambda request, response: response.set_cookie(
+                PIN_COOKIE,
+                value(),
+                max_age=seconds,
+                httponly=True,
+                samesite='Lax',
+                path='/',
+            )
+        )
 
     def _finish(self):
         if self.dirty:
