@@ -200,6 +200,33 @@ def test_forks_renew_once_per_process():
     assert obj.renewed == 0
 
 
+class Threaded(Renewable):
+    """As the listener: a thread of its own in a forked child, which uses
+    what the other objects renew."""
+
+    def __init__(self, others):
+        super().__init__()
+        self.others = others
+        self.saw = None
+
+    def start_after_fork(self):
+        self.saw = [obj.renewed for obj in self.others]
+
+
+def test_threads_start_once_every_object_is_renewed():
+    others = [Renewable() for _ in range(20)]
+    threaded = [Threaded(others) for _ in range(5)]
+    for obj in [*threaded, *others]:
+        forks.renew_after_fork(obj)
+    assert in_a_child(
+        lambda: (
+            all(obj.renewed == 1 for obj in threaded)
+            and all(obj.saw == [1] * 20 for obj in threaded)
+        )
+    )
+    assert [obj.saw for obj in threaded] == [None] * 5
+
+
 def cgroup(tmp_path, own, files):
     """A cgroup tree under ``tmp_path``: ``own``, the text of
     /proc/self/cgroup; ``files``, path: text."""

@@ -146,9 +146,10 @@ class Listener:
             self.dbtune.cache.invalidate(None)
 
     def after_fork(self):
-        """The parent's thread did not come along: start one here. No
-        commit of this process waits for it yet; a lock held in the
-        parent as it forked would stay held here."""
+        """The parent's thread did not come along: one starts here
+        (:meth:`start_after_fork`). No commit of this process waits for
+        it yet; a lock held in the parent as it forked would stay held
+        here."""
         self.listening = threading.Event()
         self._stopping = threading.Event()
         self._expected = {}
@@ -162,6 +163,10 @@ class Listener:
         # Its first connection is this process's: not one "again" (the
         # parent's count would say so, and drop a shared cache).
         self.connects = 0
+
+    def start_after_fork(self):
+        """Listen in the child, as the parent did, once the cache and the
+        rest of the process are renewed."""
         if self._running:
             self.start()
 

@@ -3,9 +3,11 @@
 Objects that hold connections or locks register here; in a forked child
 each is told to start afresh (``after_fork()``): pooled connections are the
 parent's, and a lock another thread of the parent held at the fork stays
-held in the child for ever. It happens at every ``os.fork()``, whatever
-server forked; :func:`renew` may be called again (the gunicorn hooks do)
-and renews once per process.
+held in the child for ever. Then those that run a thread start it
+(``start_after_fork()``, where they have one): a thread started earlier
+could take a lock or a pooled connection another object has yet to renew.
+It happens at every ``os.fork()``, whatever server forked; :func:`renew`
+may be called again (the gunicorn hooks do) and renews once per process.
 """
 
 import logging
@@ -33,27 +35,35 @@ def renew():
 
     Returns how many objects were renewed by this call: 0 in the process
     that made them, and when the child renewed them already. An object
-    whose ``after_fork()`` raises is logged and listed in
-    :data:`failures`, and the others are renewed all the same (this runs
-    inside ``os.fork()``, where nothing may raise).
+    whose ``after_fork()`` (or ``start_after_fork()``) raises is logged
+    and listed in :data:`failures`, and the others are renewed all the
+    same (this runs inside ``os.fork()``, where nothing may raise).
     """
     global _owner, renewed
     if os.getpid() == _owner:
         return 0
     objects = list(_objects)
-    count = 0
     failures.clear()
-    for obj in objects:
-        try:
-            obj.after_fork()
-        except Exception as exc:
-            log.exception('pyramid_dbtune: could not renew %r', obj)
-            failures.append((obj, exc))
-        else:
-            count += 1
+    renewed_now = [obj for obj in objects if _call(obj, 'after_fork')]
+    # Threads last, once nothing of the parent's is left to take.
+    for obj in renewed_now:
+        if hasattr(obj, 'start_after_fork'):
+            _call(obj, 'start_after_fork')
     _owner = os.getpid()
-    renewed = count
+    renewed = len(renewed_now)
     return renewed
+
+
+def _call(obj, name):
+    """Call ``obj.<name>()``; log and list in :data:`failures` what it
+    raises. Whether it returned."""
+    try:
+        getattr(obj, name)()
+    except Exception as exc:
+        log.exception('pyramid_dbtune: could not renew %r (%s)', obj, name)
+        failures.append((obj, exc))
+        return False
+    return True
 
 
 os.register_at_fork(after_in_child=renew)

@@ -151,16 +151,23 @@ class LagWatch:
         self.readers = readers
         #: Whether it reads their log positions too (causal reads).
         self.positions = positions
-        self.after_fork()
+        self.start()
         forks.renew_after_fork(self)
 
     def after_fork(self):
-        """Start a thread of this process's (the parent's did not come)."""
+        """Nothing to renew: it keeps no connection nor lock of its own.
+        The parent's thread did not come; :meth:`start_after_fork` starts
+        one once the readers' engines are renewed."""
+
+    def start(self):
+        """Start the thread that looks at the readers."""
         self._stopping = threading.Event()
         self._thread = threading.Thread(
             target=self._run, name='pyramid_dbtune lag watch', daemon=True
         )
         self._thread.start()
+
+    start_after_fork = start
 
     def stop(self):
         self._stopping.set()
