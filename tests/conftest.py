@@ -341,8 +341,8 @@ def add_sleep_function(router):
 @pytest.fixture(autouse=True)
 def no_leftover_transaction():
     """A test that leaves the thread's transaction open fails the next;
-    one that leaves a request of ``prepare()`` current (its closer not
-    called) would pass for the next one's parent."""
+    requests of ``prepare()`` left current (their closer not called) are
+    taken off Pyramid's stack."""
     yield
     transaction.manager.abort()
     pyramid.threadlocal.manager.clear()

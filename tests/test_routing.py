@@ -4,7 +4,9 @@ parallel, writes serialised, read-your-writes, failover, retries, pins."""
 import gc
 import logging
 import os
+import signal
 import threading
+import time
 import uuid
 import weakref
 
@@ -639,6 +641,45 @@ def test_a_transaction_left_open_keeps_its_unit(sqlite_url, apps):
     request.tm.abort()
 
 
+def test_a_request_left_current_below_does_not_keep_a_write_open(
+    sqlite_url, apps, caplog
+):
+    # A request of prepare() never closed (at load time, say) is no
+    # parent: it runs no transaction.
+    set_rent = {'name': 'set_rent', 'sql': 'UPDATE property SET rent = 1'}
+    app = apps(sqlite_url, [set_rent])
+    router = app.app.registry.dbtune.router
+    prepare(registry=app.app.registry)
+    request = prepare(registry=app.app.registry)['request']
+    request.tm = transaction.TransactionManager(explicit=True)
+    request.tm.begin()
+    request.sql.set_rent()
+    request._process_finished_callbacks()
+    assert 'outlived its request' in caplog.text
+    assert router.write_slots.acquire(blocking=False)
+
+
+def test_a_request_current_twice_ends_once(sqlite_url, apps):
+    # prepare(request=...) of a request current already: on the stack
+    # twice, it is no parent of its own.
+    app = apps(sqlite_url, [CACHED_RENTS])
+    env = prepare(registry=app.app.registry)
+    request = env['request']
+    prepare(request=request, registry=app.app.registry)
+    request.tm = transaction.TransactionManager(explicit=True)
+    request.tm.begin()
+    unit = request.dbtune.unit
+    assert [r.rent for r in request.sql.rents()] == [90, 120, 80, 70]
+    signal.signal(signal.SIGALRM, lambda *args: pytest.fail('for ever'))
+    signal.alarm(10)
+    try:
+        request._process_finished_callbacks()
+    finally:
+        signal.alarm(0)
+        request.tm.abort()
+    assert unit.request is request
+
+
 @pytest.mark.parametrize('kind', [ORACLE_LIKE, CX_ORACLE_LIKE])
 @pytest.mark.parametrize(
     'code, retryable', [(8177, True), (60, True), (1, False), (1213, False)]
@@ -879,6 +920,96 @@ def test_the_pin_of_a_subrequests_unit_is_its_parents(
     answer = app.get('/parent')
     assert PIN_COOKIE in answer.headers.get('Set-Cookie', '')
     app.app.registry.dbtune.router.dispose()
+
+
+def test_nested_subrequests_write_in_the_outermost_transaction(sqlite_url):
+    # The innermost writes first; the pin is on the outermost response.
+    def parent(request):
+        sub = Request.blank('/child')
+        return request.invoke_subrequest(sub, use_tweens=False).json
+
+    def child(request):
+        if 'inner' in request.environ:
+            request.sql.set_rent(id=2, rent=222)
+            return 'written'
+        sub = Request.blank('/child', environ={'inner': True})
+        return request.invoke_subrequest(sub, use_tweens=False).json
+
+    settings = {'dbtune.read_urls': sqlite_url, 'dbtune.pin_after_write': '5'}
+    app = parent_and_child(sqlite_url, parent, child, **settings)
+    answer = app.get('/parent')
+    assert answer.json == 'written'
+    assert PIN_COOKIE in answer.headers['Set-Cookie']
+    assert call_rents(app) == [90, 222, 80, 70]
+    app.app.registry.dbtune.router.dispose()
+
+
+def test_a_unit_a_subrequest_makes_keeps_the_clients_pin(sqlite_url):
+    pinned = []
+
+    def parent(request):
+        request.invoke_subrequest(Request.blank('/child'), use_tweens=False)
+        pinned.append(request.dbtune.unit.pinned)
+        return 'read'
+
+    def child(request):
+        return [r.rent for r in request.sql.rents()]
+
+    settings = {'dbtune.read_urls': sqlite_url, 'dbtune.pin_after_write': '5'}
+    app = parent_and_child(sqlite_url, parent, child, **settings)
+    app.set_cookie(PIN_COOKIE, str(int(time.time() + 60)))
+    app.get('/parent')
+    assert pinned == [True]
+    app.app.registry.dbtune.router.dispose()
+
+
+def test_a_subrequests_own_transaction_left_open_is_aborted(
+    sqlite_url, caplog
+):
+    # A manager a request (pyramid_tm.explicit_manager): the child begins
+    # a transaction of its own, writes, and leaves it open.
+    def parent(request):
+        sub = Request.blank('/child')
+        return request.invoke_subrequest(sub, use_tweens=False).json
+
+    def child(request):
+        request.tm.begin()
+        request.sql.set_rent(id=2, rent=222)
+        return 'written'
+
+    settings = {'tm.manager_hook': 'pyramid_tm.explicit_manager'}
+    app = parent_and_child(sqlite_url, parent, child, **settings)
+    assert app.get('/parent').json == 'written'
+    assert 'outlived its request' in caplog.text
+    router = app.app.registry.dbtune.router
+    assert router.write_slots.acquire(blocking=False)
+    router.dispose()
+
+
+def test_an_app_served_inside_another_commits_in_its_transaction(
+    sqlite_url,
+):
+    # The outer app's pyramid_tm runs the transaction the inner app's
+    # request writes in (a copy of the outer request's environ).
+    def child(request):
+        request.sql.set_rent(id=2, rent=222)
+        return 'written'
+
+    inner = parent_and_child(sqlite_url, lambda request: None, child)
+
+    def outer_view(request):
+        sub = request.copy()
+        sub.path_info = '/child'
+        return sub.get_response(inner.app)
+
+    with Configurator() as config:
+        config.include('pyramid_tm')
+        config.add_route('outer', '/outer')
+        config.add_view(outer_view, route_name='outer')
+        outer = TestApp(config.make_wsgi_app())
+    assert outer.get('/outer').json == 'written'
+    assert call_rents(inner) == [90, 222, 80, 70]
+    inner.app.registry.dbtune.router.dispose()
 
 
 def test_the_unit_lets_go_beside_a_callback_that_also_waits(sqlite_url):

@@ -49,18 +49,23 @@ OWN_BIND = 'dbtune.own_bind'
 PIN_FOR = 3600
 
 
-def _parent_of(request):
-    """The request ``request`` is a subrequest of, if it is one: the one
-    below it on Pyramid's stack of current requests. Pyramid pushes each
-    request it invokes there, a subrequest on its parent; it has no public
-    way to look below the top (``get_current_request``), hence its
-    ``manager.stack``."""
-    stack = [pushed.get('request') for pushed in threadlocal.manager.stack]
-    below = {
-        id(above): under
-        for under, above in zip(stack, stack[1:], strict=False)
-    }
-    return below.get(id(request))
+def _runner_of(request):
+    """The request whose pyramid_tm runs ``request``'s transaction, while
+    it runs it: ``request`` itself, or the request it is a subrequest of
+    (``use_tweens=False``), whose client is the same; None where no
+    pyramid_tm tween runs it now. pyramid_tm names its manager in the
+    environ of the request it runs (``tm.manager``); a subrequest is on
+    Pyramid's stack of current requests above its parent, and Pyramid
+    has no public way to look below the top (``get_current_request``),
+    hence its ``manager.stack``."""
+    tm = request.tm
+    if request.environ.get('tm.manager') is tm:
+        return request
+    for pushed in reversed(threadlocal.manager.stack):
+        below = pushed.get('request')
+        if below is not None and below.environ.get('tm.manager') is tm:
+            return below
+    return None
 
 
 class UnitOfWork:
@@ -100,12 +105,16 @@ class UnitOfWork:
         self._token = None
         # The cookie is read only where a pin can mean something: webob
         # parses every cookie of the request to find it.
-        if router.positions:
-            pin = request.cookies.get(PIN_COOKIE, '')
-            self.position = read_pin(pin, router.pin_key)
-        if router.replicas and router.settings.pin_after_write:
-            until = whole_number(request.cookies.get(PIN_COOKIE, ''))
-            self.pinned = until is not None and until > time.time()
+        timed = router.replicas and router.settings.pin_after_write
+        if router.positions or timed:
+            # The client's: a subrequest's parent holds its cookies.
+            client = _runner_of(request) or request
+            pin = client.cookies.get(PIN_COOKIE, '')
+            if router.positions:
+                self.position = read_pin(pin, router.pin_key)
+            if timed:
+                until = whole_number(pin)
+                self.pinned = until is not None and until > time.time()
 
     @classmethod
     def of(cls, request, router, cache):
@@ -136,9 +145,9 @@ class UnitOfWork:
         often. Run after the request's other finished callbacks, which may
         still use the unit. A subrequest run in its parent's transaction
         hands the unit to its parent, which goes on in it: the parent's
-        response gets the pin, and the parent's end ends it. A write
-        transaction still open when the outermost request ends would hold
-        its write slot for ever: it is aborted."""
+        response gets the pin, and pyramid_tm ends the transaction as the
+        parent's request ends. A write transaction that nothing will end
+        would hold its write slot for ever: it is aborted."""
         if request.finished_callbacks and not last:
             # The others first; once, in case another callback waits so.
             request.add_finished_callback(partial(self.ended, last=True))
@@ -153,15 +162,21 @@ class UnitOfWork:
         except KeyError:  # it ended: an ended transaction forgets its data
             going_on = False
         if going_on:
-            parent = _parent_of(request)
-            if parent is not None:
-                self.request = parent
-                self.serve(parent)
+            runner = _runner_of(request)
+            if runner is not None:
+                # pyramid_tm ends it. A subrequest's parent goes on in it
+                # (not another app's request, that serves this app).
+                if (
+                    runner is not request
+                    and runner.registry is request.registry
+                ):
+                    self.request = runner
+                    self.serve(runner)
                 return
             if not self.dirty:
                 return  # what comes next in its transaction may use it
             log.error('a write transaction outlived its request; aborting')
-            request.tm.abort()
+            txn.abort()
         if request.registry.dbtune.adopts:
             self._let_go_of_the_session()
         self.request = None
