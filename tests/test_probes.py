@@ -168,9 +168,23 @@ class Failing:
         raise RuntimeError('cannot renew')
 
 
+class Threaded(Renewable):
+    """As the listener: a thread of its own in a forked child, which uses
+    what the other objects renew."""
+
+    def __init__(self, others):
+        super().__init__()
+        self.others = others
+        self.saw = None
+
+    def start_after_fork(self):
+        self.saw = [obj.renewed for obj in self.others]
+
+
 def test_a_failing_renewal_does_not_stop_the_others(caplog):
     objects = [Failing(), Renewable(), Failing(), Renewable()]
-    for obj in objects:
+    threaded = Threaded(objects[1::2])
+    for obj in [*objects, threaded]:
         forks.renew_after_fork(obj)
     assert forks.renew() == 0  # the process that made them
 
@@ -182,6 +196,9 @@ def test_a_failing_renewal_does_not_stop_the_others(caplog):
             and {id(obj) for obj in objects[::2]} <= failed
             and not {id(obj) for obj in objects[1::2]} & failed
             and len(logged) >= 2
+            # Something of the parent's may be left: no thread starts.
+            and threaded.renewed == 1
+            and threaded.saw is None
             and forks.renew() == 0  # once per process, all the same
         )
 
@@ -198,19 +215,6 @@ def test_forks_renew_once_per_process():
         lambda: obj.renewed == 1 and forks.renew() == 0 and forks.renewed >= 1
     )
     assert obj.renewed == 0
-
-
-class Threaded(Renewable):
-    """As the listener: a thread of its own in a forked child, which uses
-    what the other objects renew."""
-
-    def __init__(self, others):
-        super().__init__()
-        self.others = others
-        self.saw = None
-
-    def start_after_fork(self):
-        self.saw = [obj.renewed for obj in self.others]
 
 
 def test_threads_start_once_every_object_is_renewed():

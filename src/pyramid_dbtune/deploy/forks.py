@@ -37,7 +37,9 @@ def renew():
     that made them, and when the child renewed them already. An object
     whose ``after_fork()`` (or ``start_after_fork()``) raises is logged
     and listed in :data:`failures`, and the others are renewed all the
-    same (this runs inside ``os.fork()``, where nothing may raise).
+    same (this runs inside ``os.fork()``, where nothing may raise); after
+    such a failure no thread is started (gunicorn's ``post_fork`` hook
+    then stops the worker).
     """
     global _owner, renewed
     if os.getpid() == _owner:
@@ -45,8 +47,9 @@ def renew():
     objects = list(_objects)
     failures.clear()
     renewed_now = [obj for obj in objects if _call(obj, 'after_fork')]
-    # Threads last, once nothing of the parent's is left to take.
-    for obj in renewed_now:
+    # Threads last, once nothing of the parent's is left to take; none
+    # after a failure, when something of the parent's may be left.
+    for obj in renewed_now if not failures else ():
         if hasattr(obj, 'start_after_fork'):
             _call(obj, 'start_after_fork')
     _owner = os.getpid()
