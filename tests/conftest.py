@@ -702,16 +702,18 @@ def listening(url, apps, settings=LISTEN, methods=METHODS):
 
 
 def in_a_child(check):
-    """``check()``'s truth in a child forked now."""
+    """``check()``'s truth in a child forked now (false if it raises)."""
     read, write = os.pipe()
     pid = os.fork()
     if pid == 0:
-        os.write(write, b'1' if check() else b'0')
-        os._exit(0)
-    answer = os.read(read, 1)
+        try:
+            os.write(write, b'1' if check() else b'0')
+        finally:
+            os._exit(0)  # never the rest of the session, twice
+    os.close(write)
+    answer = os.read(read, 1)  # b'' if the child wrote nothing
     os.waitpid(pid, 0)
     os.close(read)
-    os.close(write)
     return answer == b'1'
 
 
