@@ -641,24 +641,6 @@ def test_a_transaction_left_open_keeps_its_unit(sqlite_url, apps):
     request.tm.abort()
 
 
-def test_a_request_left_current_below_does_not_keep_a_write_open(
-    sqlite_url, apps, caplog
-):
-    # A request of prepare() never closed (at load time, say) is no
-    # parent: it runs no transaction.
-    set_rent = {'name': 'set_rent', 'sql': 'UPDATE property SET rent = 1'}
-    app = apps(sqlite_url, [set_rent])
-    router = app.app.registry.dbtune.router
-    prepare(registry=app.app.registry)
-    request = prepare(registry=app.app.registry)['request']
-    request.tm = transaction.TransactionManager(explicit=True)
-    request.tm.begin()
-    request.sql.set_rent()
-    request._process_finished_callbacks()
-    assert 'outlived its request' in caplog.text
-    assert router.write_slots.acquire(blocking=False)
-
-
 def test_a_request_current_twice_ends_once(sqlite_url, apps):
     # prepare(request=...) of a request current already: on the stack
     # twice, it is no parent of its own.
@@ -897,14 +879,26 @@ def test_a_subrequest_that_makes_the_unit_and_writes_commits(db_url, caplog):
     app.app.registry.dbtune.router.dispose()
 
 
+def blank(request):
+    return Request.blank('/child')
+
+
+def copy(request):
+    # Its environ names the parent's transaction manager (pyramid_tm's).
+    sub = request.copy()
+    sub.path_info = '/child'
+    return sub
+
+
 @pytest.mark.parametrize('parent_writes', [True, False])
+@pytest.mark.parametrize('subrequest', [blank, copy])
 def test_the_pin_of_a_subrequests_unit_is_its_parents(
-    sqlite_url, parent_writes
+    sqlite_url, parent_writes, subrequest
 ):
     # The client gets the pin, whichever request of the transaction made
     # the unit and wrote: the parent's response is the one it sees.
     def parent(request):
-        sub = Request.blank('/child')
+        sub = subrequest(request)
         answer = request.invoke_subrequest(sub, use_tweens=False)
         if parent_writes:
             request.sql.set_rent(id=3, rent=333)
@@ -1010,6 +1004,46 @@ def test_an_app_served_inside_another_commits_in_its_transaction(
     assert outer.get('/outer').json == 'written'
     assert call_rents(inner) == [90, 222, 80, 70]
     inner.app.registry.dbtune.router.dispose()
+
+
+def test_a_subrequest_in_a_transaction_the_view_runs_commits(
+    sqlite_url, caplog
+):
+    # pyramid_tm is off for the parent, which runs the transaction itself.
+    def parent(request):
+        with request.tm:
+            sub = Request.blank('/child')
+            return request.invoke_subrequest(sub, use_tweens=False).json
+
+    def child(request):
+        request.sql.set_rent(id=2, rent=222)
+        return 'written'
+
+    settings = {'tm.activate_hook': lambda request: False}
+    app = parent_and_child(sqlite_url, parent, child, **settings)
+    assert app.get('/parent').json == 'written'
+    assert 'outlived its request' not in caplog.text
+    assert call_rents(app) == [90, 222, 80, 70]
+    app.app.registry.dbtune.router.dispose()
+
+
+class Stop(BaseException):
+    """What a greenlet's timeout raises, say: not an Exception."""
+
+
+def test_a_base_exception_through_pyramid_tm_frees_the_slot(sqlite_url):
+    def parent(request):
+        request.sql.set_rent(id=2, rent=222)
+        raise Stop()
+
+    settings = {'tm.manager_hook': 'pyramid_tm.explicit_manager'}
+    app = parent_and_child(sqlite_url, parent, blank, **settings)
+    with pytest.raises(Stop):
+        app.get('/parent')
+    router = app.app.registry.dbtune.router
+    assert router.write_slots.acquire(blocking=False)
+    assert call_rents(app) == [90, 120, 80, 70]
+    router.dispose()
 
 
 def test_the_unit_lets_go_beside_a_callback_that_also_waits(sqlite_url):

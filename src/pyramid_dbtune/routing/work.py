@@ -49,21 +49,17 @@ OWN_BIND = 'dbtune.own_bind'
 PIN_FOR = 3600
 
 
-def _runner_of(request):
-    """The request whose pyramid_tm runs ``request``'s transaction, while
-    it runs it: ``request`` itself, or the request it is a subrequest of
-    (``use_tweens=False``), whose client is the same; None where no
-    pyramid_tm tween runs it now. pyramid_tm names its manager in the
-    environ of the request it runs (``tm.manager``); a subrequest is on
-    Pyramid's stack of current requests above its parent, and Pyramid
-    has no public way to look below the top (``get_current_request``),
+def _parent_of(request):
+    """The request under ``request`` that goes on in its transaction, if
+    any: a subrequest's parent, the nearest request below it on Pyramid's
+    stack of current requests (Pyramid pushes each request it invokes
+    there) whose transaction manager is its own. Pyramid has no public
+    way to look below the top of that stack (``get_current_request``),
     hence its ``manager.stack``."""
     tm = request.tm
-    if request.environ.get('tm.manager') is tm:
-        return request
     for pushed in reversed(threadlocal.manager.stack):
         below = pushed.get('request')
-        if below is not None and below.environ.get('tm.manager') is tm:
+        if below is not request and getattr(below, 'tm', None) is tm:
             return below
     return None
 
@@ -107,9 +103,14 @@ class UnitOfWork:
         # parses every cookie of the request to find it.
         timed = router.replicas and router.settings.pin_after_write
         if router.positions or timed:
-            # The client's: a subrequest's parent holds its cookies.
-            client = _runner_of(request) or request
-            pin = client.cookies.get(PIN_COOKIE, '')
+            pin = request.cookies.get(PIN_COOKIE)
+            if pin is None:  # a subrequest's parent holds the client's
+                parent = _parent_of(request)
+                pin = (
+                    ''
+                    if parent is None
+                    else parent.cookies.get(PIN_COOKIE, '')
+                )
             if router.positions:
                 self.position = read_pin(pin, router.pin_key)
             if timed:
@@ -145,9 +146,10 @@ class UnitOfWork:
         often. Run after the request's other finished callbacks, which may
         still use the unit. A subrequest run in its parent's transaction
         hands the unit to its parent, which goes on in it: the parent's
-        response gets the pin, and pyramid_tm ends the transaction as the
-        parent's request ends. A write transaction that nothing will end
-        would hold its write slot for ever: it is aborted."""
+        response gets the pin, and the transaction ends with the parent.
+        A write transaction still open when a request ends, that no
+        request under it goes on in, would hold its write slot for ever:
+        it is aborted."""
         if request.finished_callbacks and not last:
             # The others first; once, in case another callback waits so.
             request.add_finished_callback(partial(self.ended, last=True))
@@ -162,16 +164,14 @@ class UnitOfWork:
         except KeyError:  # it ended: an ended transaction forgets its data
             going_on = False
         if going_on:
-            runner = _runner_of(request)
-            if runner is not None:
-                # pyramid_tm ends it. A subrequest's parent goes on in it
-                # (not another app's request, that serves this app).
-                if (
-                    runner is not request
-                    and runner.registry is request.registry
-                ):
-                    self.request = runner
-                    self.serve(runner)
+            parent = _parent_of(request)
+            if parent is not None:
+                # It goes on in the transaction, and ends it. Another
+                # app's request, that serves this app, is not given its
+                # unit.
+                if parent.registry is request.registry:
+                    self.request = parent
+                    self.serve(parent)
                 return
             if not self.dirty:
                 return  # what comes next in its transaction may use it
