@@ -9,10 +9,9 @@ from pyramid.config import Configurator
 from pyramid.exceptions import ConfigurationError
 from webtest import TestApp
 
-from pyramid_dbtune.deploy import forks
 from pyramid_dbtune.ops import access, probes
 
-from conftest import in_a_child, query_log
+from conftest import query_log
 
 TOKEN = 'a-probe-token-16-chars'
 ON = {'dbtune.probes': 'true', 'dbtune.stats.token': TOKEN}
@@ -153,82 +152,6 @@ def test_declared_claims_and_mod_wsgi(monkeypatch):
         5,
         15,
     )
-
-
-class Renewable:
-    def __init__(self):
-        self.renewed = 0
-
-    def after_fork(self):
-        self.renewed += 1
-
-
-class Failing:
-    def after_fork(self):
-        raise RuntimeError('cannot renew')
-
-
-class Threaded(Renewable):
-    """As the listener: a thread of its own in a forked child, which uses
-    what the other objects renew."""
-
-    def __init__(self, others):
-        super().__init__()
-        self.others = others
-        self.saw = None
-
-    def start_after_fork(self):
-        self.saw = [obj.renewed for obj in self.others]
-
-
-def test_a_failing_renewal_does_not_stop_the_others(caplog):
-    objects = [Failing(), Renewable(), Failing(), Renewable()]
-    threaded = Threaded(objects[1::2])
-    for obj in [*objects, threaded]:
-        forks.renew_after_fork(obj)
-    assert forks.renew() == 0  # the process that made them
-
-    def the_others_renewed():
-        failed = {id(obj) for obj, _ in forks.failures}
-        logged = [r for r in caplog.records if 'could not renew' in r.msg]
-        return (
-            [obj.renewed for obj in objects[1::2]] == [1, 1]
-            and {id(obj) for obj in objects[::2]} <= failed
-            and not {id(obj) for obj in objects[1::2]} & failed
-            and len(logged) >= 2
-            # Something of the parent's may be left: no thread starts.
-            and threaded.renewed == 1
-            and threaded.saw is None
-            and forks.renew() == 0  # once per process, all the same
-        )
-
-    assert in_a_child(the_others_renewed)
-    assert [obj.renewed for obj in objects[1::2]] == [0, 0]
-
-
-def test_forks_renew_once_per_process():
-    obj = Renewable()
-    forks.renew_after_fork(obj)
-    assert forks.renew() == 0  # the process that made it
-    # os.fork renewed it in the child; a hook calling renew again does not.
-    assert in_a_child(
-        lambda: obj.renewed == 1 and forks.renew() == 0 and forks.renewed >= 1
-    )
-    assert obj.renewed == 0
-
-
-def test_threads_start_once_every_object_is_renewed():
-    others = [Renewable() for _ in range(20)]
-    threaded = [Threaded(others) for _ in range(5)]
-    for obj in [*threaded, *others]:
-        forks.renew_after_fork(obj)
-    assert in_a_child(
-        lambda: (
-            all(obj.renewed == 1 for obj in threaded)
-            and all(obj.saw == [1] * 20 for obj in threaded)
-        )
-    )
-    assert [obj.saw for obj in threaded] == [None] * 5
 
 
 def cgroup(tmp_path, own, files):
