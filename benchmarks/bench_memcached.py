@@ -5,9 +5,13 @@ the run, on the demo's search (50 rows):
 
 1. a raw pymemcache ``get`` of the very bytes pyramid_dbtune stores (the
    floor: one round trip and nothing else);
-2. a dogpile.cache region on its pymemcache backend, ``get_or_create`` hit
+2. a raw pymemcache ``get_many`` of every key the hit reads: the entry and
+   the generations that keep it fresh, found by listing the run's memcached
+   (the floor of a fresh hit: what pymemcache and memcached take for the
+   keys, with none of pyramid_dbtune's work);
+3. a dogpile.cache region on its pymemcache backend, ``get_or_create`` hit
    (pickled rows);
-3. a pyramid_dbtune hit through ``request.sql``: the entry and its tables'
+4. a pyramid_dbtune hit through ``request.sql``: the entry and its tables'
    generations in one round trip, the signature checked.
 
 Targets: at most 1.5x the raw get, and faster than the dogpile hit. Each
@@ -21,6 +25,7 @@ import sys
 import tempfile
 from functools import partial
 from pathlib import Path
+from urllib.parse import unquote
 
 from dogpile.cache import make_region
 from pymemcache.client.base import Client
@@ -58,10 +63,10 @@ def main(argv=None):
         with tempfile.TemporaryDirectory() as tmp:
             url = f'sqlite:///{tmp}/bench.sqlite'
             load_properties(url)
-            results, size = measure(url, port, calls, rounds)
+            results, size, count = measure(url, port, calls, rounds)
     finally:
         stop_server(process)
-    report(results, size)
+    report(results, size, count)
     return 0
 
 
@@ -92,6 +97,9 @@ def measure(url, port, calls, rounds):
     raw = Client(('127.0.0.1', port), no_delay=True)
     stored = raw.get(name)
     assert stored is not None
+    # Every key the run stored: the entry and its generations.
+    keys = stored_keys(raw)
+    assert name in keys and len(raw.get_many(keys)) == len(keys)
 
     region = make_region().configure(
         'dogpile.cache.pymemcache',
@@ -112,6 +120,9 @@ def measure(url, port, calls, rounds):
     results = best_of_rounds(
         {
             'raw': partial(best_per_call, lambda: raw.get(name), calls, 1),
+            'keys': partial(
+                best_per_call, lambda: raw.get_many(keys), calls, 1
+            ),
             'dogpile': partial(best_per_call, dogpile_hit, calls, 1),
             'ours': partial(best_per_call, lambda: search(**PARAMS), calls, 1),
         },
@@ -120,13 +131,24 @@ def measure(url, port, calls, rounds):
     assert runtime.cache.misses == 1
     raw.close()
     runtime.router.dispose()
-    return results, len(stored)
+    return results, len(stored), len(keys)
 
 
-def report(results, size):
+def stored_keys(client):
+    """The names of the keys memcached holds, through its metadump."""
+    dump = client.raw_command('lru_crawler metadump all', 'END\r\n')
+    return sorted(
+        unquote(line.split()[0].removeprefix('key='))
+        for line in dump.decode('ascii').splitlines()
+        if line.startswith('key=')
+    )
+
+
+def report(results, size, count):
     raw = results['raw']
     rows = [
         ('raw pymemcache get of the same bytes', results['raw']),
+        (f'raw get_many of the {count} keys a hit reads', results['keys']),
         ('dogpile.cache pymemcache hit', results['dogpile']),
         ('pyramid_dbtune memcached hit', results['ours']),
     ]
