@@ -111,6 +111,17 @@ def test_a_change_made_outside_drops_the_reads_of_its_rows(server_url, apps):
     assert call(app, ('search', {'area': 'Burley'}))['cache']['hit'] == 1
 
 
+def test_a_mariadb_url_listens(mysql_url, apps):
+    # A mariadb:// URL (SQLAlchemy's "mariadb" dialect) installs the
+    # triggers and hears a change as a mysql:// one does.
+    url = mysql_url.replace('mysql+', 'mariadb+', 1)
+    app = listening(url, apps)
+    assert app.app.registry.dbtune.router.dialect == 'mariadb'
+    assert dropped(app, 'UPDATE property SET rent = 95 WHERE id = 1') == [
+        0, 3, 5,
+    ]  # fmt: skip
+
+
 def test_a_change_of_many_rows_drops_the_table(postgresql_url, apps):
     app = listening(postgresql_url, apps)
     wait = heard(app, 5)

@@ -147,3 +147,17 @@ def test_a_replica_that_is_the_writer_is_not_behind(server_url, apps):
 def test_a_bound_on_lag_needs_replicas():
     with pytest.raises(ConfigurationError, match='max_replica_lag is set'):
         parse({'dbtune.url': 'sqlite://', 'dbtune.max_replica_lag': '1'})
+
+
+def test_a_mariadb_url_reads_lag_and_positions(mysql_url, apps):
+    # SQLAlchemy names the dialect of a mariadb:// URL "mariadb": the
+    # same server, told the same way.
+    url = mysql_url.replace('mysql+', 'mariadb+', 1)
+    app = apps(url, [NOW], {
+        'dbtune.read_urls': url, 'dbtune.max_replica_lag': '1',
+    })  # fmt: skip
+    router = app.app.registry.dbtune.router
+    assert router.dialect == 'mariadb' and router.positions
+    (reader,) = router.readers
+    until(lambda: reader.lag == 0 and reader.position is not None)
+    assert uncached(app) == 90 and reader.reads == 1

@@ -196,7 +196,7 @@ def trigger_sql(engine, tables, drop=False):
 def install(engine, tables, drop=False):
     """Install (or ``drop``) the triggers of ``tables``, in one
     transaction where the database allows."""
-    if engine.dialect.name not in ('postgresql', 'mysql'):
+    if engine.dialect.name not in ('postgresql', 'mysql', 'mariadb'):
         raise ValueError(
             f'{engine.dialect.name} cannot tell the package of writes made '
             'outside the application: PostgreSQL, MySQL and MariaDB can'

@@ -115,11 +115,12 @@ class Router:
         #: too).
         self.behind = 0
         #: Causal reads: pins and fills by the writer's log position, where
-        #: the database tells one (PostgreSQL; MariaDB's GTIDs).
+        #: the database tells one (PostgreSQL; MariaDB's GTIDs, whose URL
+        #: may name either dialect).
         self.positions = (
             self.replicas
             and settings.causal_reads
-            and self.dialect in ('postgresql', 'mysql')
+            and self.dialect in ('postgresql', 'mysql', 'mariadb')
         )
         #: PostgreSQL: cache fills tell the snapshot they read in (set
         #: where the cache applies changes to the rows it holds).

@@ -36,6 +36,7 @@ _LAG = {
         'pg_last_xact_replay_timestamp()) END'
     ),
     'mysql': 'SHOW SLAVE STATUS',
+    'mariadb': 'SHOW SLAVE STATUS',  # a mariadb:// URL's dialect
 }
 
 
