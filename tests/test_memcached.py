@@ -8,6 +8,7 @@ import subprocess
 import sys
 import threading
 import time
+import urllib.parse
 import uuid
 from pathlib import Path
 
@@ -772,3 +773,39 @@ def test_counters_shared_by_threads_are_exact(sqlite_url, memcached, apps):
         thread.join()
     assert (cache.hits, cache.misses) == (40000, 1)
     assert 0 < cache.near_hits <= 40000
+
+
+def stored(memcached, kind):
+    """The names of the keys of ``kind`` (``e`` entries, ``g`` generations,
+    ``l`` fill locks) ``memcached`` holds, from its metadump."""
+    client = Client(('127.0.0.1', memcached.port))
+    try:
+        dump = client.raw_command('lru_crawler metadump all', 'END\r\n')
+    finally:
+        client.close()
+    names = [
+        urllib.parse.unquote(line.split()[0].removeprefix('key='))
+        for line in dump.decode('ascii').splitlines()
+        if line.startswith('key=')
+    ]
+    return [n for n in names if n.split(':')[2] == kind]
+
+
+def test_a_generation_that_is_not_a_number_is_a_miss(
+    sqlite_url, memcached, apps
+):
+    app = apps(sqlite_url, [SEARCH], shared_settings(memcached))
+    cache = app.app.registry.dbtune.cache
+    call(app, ('search', {'area': 'Headingley'}))
+    client = Client(('127.0.0.1', memcached.port))
+    garbled = stored(memcached, 'g')
+    for name in garbled:
+        client.set(name, b'not a number')
+    client.close()
+    answer = call(app, ('search', {'area': 'Headingley'}))
+    assert rows_of(answer) == HEADINGLEY and answer['cache']['miss'] == 1
+    assert cache.rejected == len(garbled) > 1
+    # Started again on the next read, and then kept.
+    for status in ('miss', 'hit'):
+        answer = call(app, ('search', {'area': 'Headingley'}))
+        assert rows_of(answer) == HEADINGLEY and answer['cache'][status] == 1

@@ -62,7 +62,8 @@ class MemcachedCache(ServerCalls):
 
     Counters, as :class:`~pyramid_dbtune.cache.MemoryCache` has them, plus
     ``errors`` (memcached failures, each a miss), ``rejected`` (values whose
-    signature or encoding failed), ``unencodable`` (rows holding values the
+    signature or encoding failed, and generations that were not counters),
+    ``unencodable`` (rows holding values the
     codec cannot share), ``too_big`` (over ``dbtune.cache.item_limit``)
     and ``near_hits`` (hits of reads that no write invalidates, served from
     this process's copy of rows it had verified, without a round trip).
@@ -229,15 +230,24 @@ class MemcachedCache(ServerCalls):
         """The current generation on ``server`` of each of ``tables`` (as
         :meth:`_tables` gives them) from a ``get_many`` answer, seeding
         those it has not got; None if it cannot tell."""
-        generations = {}
+        generations, garbled = {}, False
         for table, key in tables:
             raw = got.get(key)
             if raw is None:
                 raw = self._seed(server, table)
                 if raw is None:
                     return None
-            generations[table] = int(raw)
-        return generations
+            try:
+                generations[table] = int(raw)
+            except ValueError:
+                # Not a counter (written by something else): nothing over
+                # the table can be told fresh until it starts again, at
+                # the next read.
+                garbled = True
+                with self._counting:
+                    self.rejected += 1
+                self._on(server, None, 'delete', key)
+        return None if garbled else generations
 
     def _seed(self, server, table):
         """Start a table's generation on ``server`` at a random number,
