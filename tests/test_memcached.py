@@ -809,3 +809,62 @@ def test_a_generation_that_is_not_a_number_is_a_miss(
     for status in ('miss', 'hit'):
         answer = call(app, ('search', {'area': 'Headingley'}))
         assert rows_of(answer) == HEADINGLEY and answer['cache'][status] == 1
+
+
+def one_row(value):
+    return Rows(['x'], [(value,)])
+
+
+def test_an_unknown_write_leaves_no_copy_of_what_it_dropped(
+    sqlite_url, memcached, apps
+):
+    cache = apps(sqlite_url, [], shared_settings(memcached)).app.registry
+    cache = cache.dbtune.cache
+    database = {'value': 'old'}
+    key = ('k', (), ())
+
+    def read():
+        return cache.get_or_fill(
+            key, 60, frozenset(), lambda: one_row(database['value'])
+        )
+
+    assert [read()[1] for _ in range(2)] == ['miss', 'hit']
+    database['value'] = 'new'
+    cache.invalidate(None)
+    # The old entry, found dropped, is not kept to be served again.
+    assert [read() for _ in range(3)] == [
+        (one_row('new'), 'miss'),
+        (one_row('new'), 'hit'),
+        (one_row('new'), 'hit'),
+    ]
+
+
+def test_a_read_that_an_unknown_write_overtakes_keeps_no_copy(
+    sqlite_url, memcached, apps
+):
+    proxy = Proxy(memcached.port)
+    cache = apps(sqlite_url, [], shared_settings(proxy)).app.registry
+    cache = cache.dbtune.cache
+    database = {'value': 'old'}
+    key = ('k', (), ())
+
+    def read():
+        return cache.get_or_fill(
+            key, 60, frozenset(), lambda: one_row(database['value'])
+        )
+
+    assert read() == (one_row('old'), 'miss')
+    written = []
+
+    def write_while_the_entry_comes(data):
+        if b'VALUE' in data and not written:
+            written.append(data)
+            database['value'] = 'new'
+            cache.invalidate(None)  # from another thread, meanwhile
+        return [data]
+
+    proxy.mangle = write_while_the_entry_comes
+    # Read before the write ended: the old rows, not kept.
+    assert read() == (one_row('old'), 'hit') and written
+    assert read() == (one_row('new'), 'miss') and cache.near_hits == 0
+    proxy.cut()

@@ -85,8 +85,9 @@ class MemcachedCache(ServerCalls):
         self.near_hits = 0
         #: ``key[0]``: its values a read found dropped by a write
         self.dropped = {}
-        #: Verified entries kept decoded in this process (and served from
-        #: it, for reads that no write invalidates): at most this many.
+        #: Entries kept decoded in this process once a read found them
+        #: signed and of the current generations (and served from it, for
+        #: reads that no write invalidates): at most this many.
         self.memo_size = settings.cache_max_entries
         self._failing = self._undecodable = False
         self.after_fork()
@@ -109,6 +110,9 @@ class MemcachedCache(ServerCalls):
         self._mender = None
         self._inflight = {}
         self._memo = OrderedDict()
+        #: How many times the memo was emptied: a read that began before
+        #: does not put back what it found.
+        self._emptied = 0
         self._missed = set()
         self._names = {}
         self._generation_keys = {}
@@ -294,11 +298,17 @@ class MemcachedCache(ServerCalls):
                     str(exc)[:200],
                 )
             return None
-        with self._lock:
-            self._memo[name] = (bytes(value[:_SIGNATURE]), entry)
-            if len(self._memo) > self.memo_size:
-                self._memo.popitem(last=False)
         return entry
+
+    def _remember(self, name, value, entry, emptied):
+        """Keep ``entry``, decoded from ``value`` and found of the current
+        generations, unless the memo was emptied since the read began (an
+        unknown write): a read that no write invalidates is served it."""
+        with self._lock:
+            if self._emptied == emptied:
+                self._memo[name] = (bytes(value[:_SIGNATURE]), entry)
+                if len(self._memo) > self.memo_size:
+                    self._memo.popitem(last=False)
 
     def get_or_fill(self, key, ttl, tables, fill, *args):
         name = self.entry_key(key)
@@ -315,6 +325,7 @@ class MemcachedCache(ServerCalls):
         tables, keys = self._tables(tables)
         wanted = [name, *keys]
         server = self._server(name)
+        emptied = self._emptied
         got = self._on(server, None, 'get_many', wanted)
         if got is None:  # memcached failed: a miss, and nothing stored
             got, generations = {}, None
@@ -324,6 +335,7 @@ class MemcachedCache(ServerCalls):
         entry = self._entry(name, value) if value is not None else None
         stale = None
         if entry is not None and entry[1] == generations:
+            self._remember(name, value, entry, emptied)
             rows, _, expires = entry
             if time.time() < expires:
                 with self._counting:
@@ -394,9 +406,11 @@ class MemcachedCache(ServerCalls):
         for pause in waits:
             time.sleep(pause)
             server = self._server(name)
+            emptied = self._emptied
             value = self._on(server, {}, 'get_many', [name]).get(name)
             entry = self._entry(name, value) if value is not None else None
             if entry is not None and entry[1] == generations:
+                self._remember(name, value, entry, emptied)
                 return entry[0]
         return None
 
@@ -430,6 +444,7 @@ class MemcachedCache(ServerCalls):
             # here (other processes keep theirs until their time runs out).
             with self._lock:
                 self._memo.clear()
+                self._emptied += 1
         now = time.monotonic()
         for address, server in self.by_address.items():
             if server.down_until > now:
