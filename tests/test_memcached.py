@@ -267,28 +267,39 @@ def test_rows_the_codec_cannot_share_are_not_stored(
     assert cache.unencodable == 2
 
 
+def slow_fill_elsewhere(sqlite_url, memcached, apps, key, ttl, rows):
+    """Another cache on ``memcached`` (as another process's) filling
+    ``key``: it holds the fill lock until the returned event is set, then
+    stores ``rows``."""
+    other = apps(sqlite_url, [], shared_settings(memcached), tables=False)
+    started, release = threading.Event(), threading.Event()
+
+    def slow():
+        started.set()
+        release.wait(10)
+        return rows
+
+    filling = threading.Thread(
+        target=other.app.registry.dbtune.cache.get_or_fill,
+        args=(key, ttl, frozenset(['t']), slow),
+    )
+    filling.start()
+    assert started.wait(10)
+    return release, filling
+
+
 def test_waiting_for_another_process_fill(sqlite_url, memcached, apps):
     app = apps(sqlite_url, [], shared_settings(memcached))
     cache = app.app.registry.dbtune.cache
-    key = ('k', (1,), (int,))
-    name = cache.entry_key(key)
-    lock = cache._name('l', name.rsplit(':', 1)[1])
-    rows = Rows(['x'], [(1,)])
+    key, rows = ('k', (1,), (int,)), Rows(['x'], [(1,)])
     # Another process holds the fill lock, and stores its rows soon.
-    other = Client(('127.0.0.1', memcached.port), default_noreply=False)
-    other.add(lock, b'1', expire=5)
-    generations = cache._generations(
-        cache._server(name), cache._tables(['t'])[0], {}
+    release, filling = slow_fill_elsewhere(
+        sqlite_url, memcached, apps, key, 60, rows
     )
-
-    def store_soon():
-        time.sleep(0.1)
-        cache._store(name, rows, 60, generations)
-
-    threading.Thread(target=store_soon).start()
+    threading.Timer(0.1, release.set).start()
     got = cache.get_or_fill(key, 60, frozenset(['t']), lambda: 1 / 0)
     assert got == (rows, 'waited')
-    other.close()
+    filling.join(10)
 
 
 def test_stale_while_another_process_refreshes(sqlite_url, memcached, apps):
@@ -298,12 +309,15 @@ def test_stale_while_another_process_refreshes(sqlite_url, memcached, apps):
     old = Rows(['x'], [(1,)])
     cache.get_or_fill(key, 0.01, frozenset(['t']), lambda: old)
     time.sleep(0.05)  # expired: kept in memcached past its time
-    name = cache.entry_key(key)
-    other = Client(('127.0.0.1', memcached.port), default_noreply=False)
-    other.add(cache._name('l', name.rsplit(':', 1)[1]), b'1', expire=5)
-    got = cache.get_or_fill(key, 60, frozenset(['t']), lambda: 1 / 0)
-    assert got == (old, 'stale')
-    other.close()
+    release, filling = slow_fill_elsewhere(
+        sqlite_url, memcached, apps, key, 60, Rows(['x'], [(2,)])
+    )
+    try:
+        got = cache.get_or_fill(key, 60, frozenset(['t']), lambda: 1 / 0)
+        assert got == (old, 'stale')
+    finally:
+        release.set()
+        filling.join(10)
 
 
 def test_an_entry_is_kept_as_long_again_past_its_time():
@@ -791,28 +805,59 @@ def stored(memcached, kind):
     return [n for n in names if n.split(':')[2] == kind]
 
 
-def test_a_generation_that_is_not_a_number_is_a_miss(
-    sqlite_url, memcached, apps
-):
-    app = apps(sqlite_url, [SEARCH], shared_settings(memcached))
-    cache = app.app.registry.dbtune.cache
-    call(app, ('search', {'area': 'Headingley'}))
-    client = Client(('127.0.0.1', memcached.port))
-    garbled = stored(memcached, 'g')
-    for name in garbled:
-        client.set(name, b'not a number')
-    client.close()
-    answer = call(app, ('search', {'area': 'Headingley'}))
-    assert rows_of(answer) == HEADINGLEY and answer['cache']['miss'] == 1
-    assert cache.rejected == len(garbled) > 1
-    # Started again on the next read, and then kept.
-    for status in ('miss', 'hit'):
-        answer = call(app, ('search', {'area': 'Headingley'}))
-        assert rows_of(answer) == HEADINGLEY and answer['cache'][status] == 1
-
-
 def one_row(value):
     return Rows(['x'], [(value,)])
+
+
+def test_a_read_after_a_write_does_not_wait_for_a_fill_begun_before(
+    sqlite_url, memcached, apps
+):
+    cache = apps(sqlite_url, [], shared_settings(memcached)).app.registry
+    cache = cache.dbtune.cache
+    started, release = threading.Event(), threading.Event()
+
+    def before_the_write():
+        started.set()
+        release.wait(10)
+        return one_row('old')
+
+    locks = []
+
+    def after_the_write():
+        locks.extend(stored(memcached, 'l'))
+        return one_row('new')
+
+    key, tables = ('k', (3,), (int,)), frozenset(['t'])
+    results = []
+    filling = threading.Thread(
+        target=lambda: results.append(
+            cache.get_or_fill(key, 60, tables, before_the_write)
+        )
+    )
+    filling.start()
+    started.wait(10)
+    cache.invalidate(tables)  # a write, committed while the fill runs
+    # Were it to wait for the fill begun before the write (in this
+    # process), it would be given the old rows once this lets it end.
+    timer = threading.Timer(5, release.set)
+    timer.start()
+    try:
+        assert cache.get_or_fill(key, 60, tables, after_the_write) == (
+            one_row('new'),
+            'miss',
+        )
+    finally:
+        release.set()
+        timer.cancel()
+        filling.join(10)
+    # Nor did it wait for that fill's lock, which is for the generations
+    # before the write: each fill held a lock of its own.
+    assert len(locks) == 2 and cache.waited == 0
+    assert results == [(one_row('old'), 'miss')]
+    # What the first fill stored, last, is not served: it is of the old
+    # generations.
+    rows, _ = cache.get_or_fill(key, 60, tables, lambda: one_row('new'))
+    assert rows == one_row('new')
 
 
 def test_an_unknown_write_leaves_no_copy_of_what_it_dropped(
@@ -868,3 +913,23 @@ def test_a_read_that_an_unknown_write_overtakes_keeps_no_copy(
     assert read() == (one_row('old'), 'hit') and written
     assert read() == (one_row('new'), 'miss') and cache.near_hits == 0
     proxy.cut()
+
+
+def test_a_generation_that_is_not_a_number_is_a_miss(
+    sqlite_url, memcached, apps
+):
+    app = apps(sqlite_url, [SEARCH], shared_settings(memcached))
+    cache = app.app.registry.dbtune.cache
+    call(app, ('search', {'area': 'Headingley'}))
+    client = Client(('127.0.0.1', memcached.port))
+    garbled = stored(memcached, 'g')
+    for name in garbled:
+        client.set(name, b'not a number')
+    client.close()
+    answer = call(app, ('search', {'area': 'Headingley'}))
+    assert rows_of(answer) == HEADINGLEY and answer['cache']['miss'] == 1
+    assert cache.rejected == len(garbled) > 1
+    # Started again on the next read, and then kept.
+    for status in ('miss', 'hit'):
+        answer = call(app, ('search', {'area': 'Headingley'}))
+        assert rows_of(answer) == HEADINGLEY and answer['cache'][status] == 1

@@ -50,6 +50,10 @@ _MEMO_KEY_BYTES = 4096
 _WAITS = (0.001, 0.002, 0.004, 0.008, 0.016, *[0.025] * 18, 0.019)
 
 
+def _digest(text):
+    return hashlib.blake2b(text.encode('utf-8'), digest_size=8).hexdigest()
+
+
 def kept_for(ttl):
     """Seconds memcached keeps an entry of ``ttl`` seconds: as long again
     past its time, to be served while one process refreshes it; never past
@@ -351,11 +355,16 @@ class MemcachedCache(ServerCalls):
     # Filling
 
     def _fill(self, name, ttl, generations, stale, fill, args):
+        # A fill is for the generations its read found: a read that found
+        # newer ones (a write committed since) does not wait for it, here
+        # or in another process, and is not given its rows.
+        of = '' if generations is None else _digest(repr(generations))
+        flight = (name, of)
         with self._lock:
-            future = self._inflight.get(name)
+            future = self._inflight.get(flight)
             leader = future is None
             if leader:
-                future = self._inflight[name] = Future()
+                future = self._inflight[flight] = Future()
         if not leader:
             if stale is not None:
                 with self._counting:
@@ -365,7 +374,7 @@ class MemcachedCache(ServerCalls):
                 self.waited += 1
             return future.result(), WAITED
         try:
-            lock = self._name('l', name.rsplit(':', 1)[1])
+            lock = self._name('l', name.rsplit(':', 1)[1], of)
             server = self._server(name)
             mine = self._on(server, True, 'add', lock, b'1', expire=_LOCK_TIME)
             if not mine and stale is not None:
@@ -396,7 +405,7 @@ class MemcachedCache(ServerCalls):
             future.set_result(rows)
         finally:
             with self._lock:
-                del self._inflight[name]
+                del self._inflight[flight]
         return rows, MISS
 
     def _wait_for(self, name, generations, waits=_WAITS):
