@@ -328,19 +328,23 @@ def test_an_entry_is_kept_as_long_again_past_its_time():
     assert memcached_module.kept_for(20 * 24 * 3600) == 30 * 24 * 3600
 
 
-def test_a_lost_lock_with_no_fill_coming_fills_itself(
+def test_a_lock_held_with_no_fill_coming_fills_itself(
     sqlite_url, memcached, apps
 ):
     app = apps(sqlite_url, [], shared_settings(memcached))
     cache = app.app.registry.dbtune.cache
-    key = ('k', (2,), (int,))
-    name = cache.entry_key(key)
-    other = Client(('127.0.0.1', memcached.port), default_noreply=False)
-    other.add(cache._name('l', name.rsplit(':', 1)[1]), b'1', expire=5)
-    rows = Rows(['x'], [(2,)])
-    got = cache._fill(name, 60, {'t': 1}, None, lambda: rows, ())
-    assert got == (rows, 'miss')
-    other.close()
+    key, rows = ('k', (2,), (int,)), Rows(['x'], [(2,)])
+    # Another process holds the fill lock, and stores nothing for longer
+    # than a read waits (half a second).
+    release, filling = slow_fill_elsewhere(
+        sqlite_url, memcached, apps, key, 60, Rows(['x'], [(3,)])
+    )
+    try:
+        got = cache.get_or_fill(key, 60, frozenset(['t']), lambda: rows)
+        assert got == (rows, 'miss')
+    finally:
+        release.set()
+        filling.join(10)
 
 
 def test_threads_of_one_process_share_one_fill(sqlite_url, memcached, apps):
