@@ -142,6 +142,12 @@ class MemcachedCache(ServerCalls):
                 self._names[key] = name
         return name
 
+    def hit_keys(self, key, tables):
+        """The memcached keys a read of ``key`` over ``tables`` (as
+        :meth:`get_or_fill` is given them) asks for in its one round trip:
+        the entry's, then each table's generation's, then the epoch's."""
+        return [self.entry_key(key), *self._tables(tables)[1]]
+
     def _hash_key(self, key):
         prefix, values, types = key
         values = [
