@@ -6,9 +6,9 @@ the run, on the demo's search (50 rows):
 1. a raw pymemcache ``get`` of the very bytes pyramid_dbtune stores (the
    floor: one round trip and nothing else);
 2. a raw pymemcache ``get_many`` of every key the hit reads: the entry and
-   the generations that keep it fresh, found by listing the run's memcached
-   (the floor of a fresh hit: what pymemcache and memcached take for the
-   keys, with none of pyramid_dbtune's work);
+   the generations that keep it fresh (the floor of a fresh hit: what
+   pymemcache and memcached take for the keys, with none of
+   pyramid_dbtune's work);
 3. a dogpile.cache region on its pymemcache backend, ``get_or_create`` hit
    (pickled rows);
 4. a pyramid_dbtune hit through ``request.sql``: the entry and its tables'
@@ -25,7 +25,6 @@ import sys
 import tempfile
 from functools import partial
 from pathlib import Path
-from urllib.parse import unquote
 
 from dogpile.cache import make_region
 from pymemcache.client.base import Client
@@ -92,14 +91,15 @@ def measure(url, port, calls, rounds):
         tuple(PARAMS.values()),
         tuple(type(v) for v in PARAMS.values()),
     )
-    name = runtime.cache.entry_key(key)
+    name, *generations = runtime.cache.hit_keys(
+        key, runtime.methods['search'].tags(PARAMS)
+    )
+    keys = [name, *generations]
 
     raw = Client(('127.0.0.1', port), no_delay=True)
     stored = raw.get(name)
     assert stored is not None
-    # Every key the run stored: the entry and its generations.
-    keys = stored_keys(raw)
-    assert name in keys and len(raw.get_many(keys)) == len(keys)
+    assert len(raw.get_many(keys)) == len(keys)
 
     region = make_region().configure(
         'dogpile.cache.pymemcache',
@@ -132,16 +132,6 @@ def measure(url, port, calls, rounds):
     raw.close()
     runtime.router.dispose()
     return results, len(stored), len(keys)
-
-
-def stored_keys(client):
-    """The names of the keys memcached holds, through its metadump."""
-    dump = client.raw_command('lru_crawler metadump all', 'END\r\n')
-    return sorted(
-        unquote(line.split()[0].removeprefix('key='))
-        for line in dump.decode('ascii').splitlines()
-        if line.startswith('key=')
-    )
 
 
 def report(results, size, count):
