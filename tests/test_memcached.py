@@ -750,6 +750,8 @@ def test_a_missed_invalidation_given_up_waits_for_the_next_use(
     while 'not made good in' not in caplog.text:
         assert time.monotonic() < deadline, caplog.text
         time.sleep(0.02)
+    said = f'memcached {proxy.address}: missed invalidation not made good'
+    assert said in caplog.text
     proxy.mend()
     time.sleep(0.3)  # the client's dead_retry (0.2 s) runs out
     assert rows_of(call(reader, search)) == [[1, 90], [2, 120]]  # stale
@@ -925,3 +927,43 @@ def test_a_generation_that_is_not_a_number_is_a_miss(
     assert read() == 'miss' and cache.rejected == len(generations) == 3
     # Started again at the next read, and then kept.
     assert [read(), read()] == ['miss', 'hit']
+
+
+def test_a_server_down_is_said_once_while_another_answers(
+    sqlite_url, memcached, memcached2, apps, caplog
+):
+    app = apps(sqlite_url, [SEARCH], shared_settings(memcached, memcached2))
+    request = prepare(registry=app.app.registry)['request']
+
+    def read_on_both():
+        # Twenty areas: keys on both servers, each read a round trip.
+        for n in range(20):
+            assert len(request.sql.search(area=f'area {n}')) == 0
+
+    def said(text):
+        return [
+            r.getMessage() for r in caplog.records if text in r.getMessage()
+        ]
+
+    read_on_both()
+    memcached2.stop()
+    # For longer than it is set aside (0.2 s): asked again, several times,
+    # while the other server answers every read of its keys.
+    deadline = time.monotonic() + 1
+    while time.monotonic() < deadline:
+        read_on_both()
+    assert app.app.registry.dbtune.cache.errors > 2
+    assert said('failed') == [
+        f'memcached {memcached2.address} failed, serving from the database: '
+        'ConnectionRefusedError: [Errno 111] Connection refused'
+    ]
+    assert said('answers again') == []
+    memcached2.start()
+    deadline = time.monotonic() + 10
+    while not said('answers again'):
+        assert time.monotonic() < deadline, caplog.text
+        read_on_both()
+        time.sleep(0.05)
+    assert said('answers again') == [
+        f'memcached {memcached2.address} answers again'
+    ]

@@ -93,7 +93,7 @@ class MemcachedCache(ServerCalls):
         #: signed and of the current generations (and served from it, for
         #: reads that no write invalidates): at most this many.
         self.memo_size = settings.cache_max_entries
-        self._failing = self._undecodable = False
+        self._undecodable = False
         self.after_fork()
         forks.renew_after_fork(self)
 

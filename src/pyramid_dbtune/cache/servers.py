@@ -30,14 +30,16 @@ _CLOSED = (ConnectionResetError, BrokenPipeError, MemcacheUnexpectedCloseError)
 
 
 class Server:
-    """One memcached server: its address, this thread's client of it, and
-    until when it is set aside after a failure."""
+    """One memcached server: its address, this thread's client of it, until
+    when it is set aside after a failure, and whether its last call
+    failed (said once, and again when it answers)."""
 
     def __init__(self, address, options):
         self.address = address
         self.options = options
         self.local = threading.local()
         self.down_until = 0.0
+        self.failing = False
 
     def __repr__(self):
         return '{}:{}'.format(*self.address)
@@ -53,7 +55,7 @@ class ServerCalls:
     """What :class:`~pyramid_dbtune.cache.memcached.MemcachedCache` does
     with its servers, apart from what it asks them. It holds the state:
     ``by_address``, ``_missed`` (addresses), ``_mender`` (a thread or
-    None), ``_lock``, ``_counting``, ``errors``, ``_failing``,
+    None), ``_lock``, ``_counting``, ``errors``,
     ``_recheck`` and ``_timeouts``; and names the epoch's key
     (``_generation_key(EPOCH)``)."""
 
@@ -73,8 +75,8 @@ class ServerCalls:
             if isinstance(exc, _UNREACHABLE):
                 server.down_until = time.monotonic() + self._timeouts[2]
                 self._recheck = 0.0  # the live servers have changed
-            if not self._failing:
-                self._failing = True
+            if not server.failing:
+                server.failing = True
                 log.warning(
                     'memcached %r failed, serving from the database: %s: %s',
                     server,
@@ -82,9 +84,9 @@ class ServerCalls:
                     exc,
                 )
             return default
-        if self._failing:
-            self._failing = False
-            log.warning('memcached answers again')
+        if server.failing:
+            server.failing = False
+            log.warning('memcached %r answers again', server)
         return result
 
     def ping(self):
@@ -138,24 +140,30 @@ class ServerCalls:
                 self._mender.start()
 
     def _mend(self):
-        missed = ', '.join(sorted(map(str, self._missed)))
+        told = set(self._missed)
         log.warning(
             'memcached %s missed an invalidation: its epoch is bumped as '
             'soon as it answers',
-            missed,
+            self._named(told),
         )
         for _ in range(int(MEND_FOR / MEND_EVERY)):
             time.sleep(MEND_EVERY)
             for address in list(self._missed):
+                told.add(address)
                 self._make_good(self.by_address[address])
             if not self._missed:
                 log.warning(
-                    'memcached %s: missed invalidation made good', missed
+                    'memcached %s: missed invalidation made good',
+                    self._named(told),
                 )
                 return
         log.error(
             'memcached %s: missed invalidation not made good in %d s; it is '
             "at this process's next use of the server",
-            missed,
+            self._named(self._missed),
             MEND_FOR,
         )
+
+    def _named(self, addresses):
+        """``host:port`` of each of ``addresses``, in order."""
+        return ', '.join(sorted(repr(self.by_address[a]) for a in addresses))
