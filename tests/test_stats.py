@@ -21,7 +21,7 @@ from webtest import TestApp
 from pyramid_dbtune.ops import access, stats
 from pyramid_dbtune.ops import tween as tweens
 
-from conftest import SEARCH, SET_RENT, add_sleep_function, call
+from conftest import SEARCH, SET_RENT, add_sleep_function, call, until
 
 TOKEN = 'a-token-of-16-chars-or-more'
 AUTH = {access.HEADER: TOKEN}
@@ -620,6 +620,39 @@ def test_after_fork_starts_afresh(sqlite_url, apps):
     runtime.profiler.after_fork()
     assert runtime.profiler.samples == 0 and not runtime.profiler.running
     assert stats_of(app)['requests'] == 0
+
+
+def test_a_request_does_not_fail_for_its_figures(
+    sqlite_url, apps, monkeypatch, tmp_path, caplog
+):
+    # With PROMETHEUS_MULTIPROC_DIR, the first count starts a thread that
+    # carries the figures; a process out of threads (a container's pids
+    # limit) cannot start it.
+    monkeypatch.setenv('PROMETHEUS_MULTIPROC_DIR', str(tmp_path))
+    monkeypatch.setattr(stats, 'TICK', 0.05)
+    app = apps(sqlite_url, [SEARCH], ON)
+    runtime = app.app.registry.dbtune
+    start = threading.Thread.start
+
+    def out_of_threads(thread):
+        if thread.name == 'dbtune-stats-carry':
+            raise RuntimeError("can't start new thread")
+        start(thread)
+
+    monkeypatch.setattr(threading.Thread, 'start', out_of_threads)
+    for _ in range(2):
+        call(app, ('search', {'area': 'Burley'}))
+    said = [r for r in caplog.records if 'could not be counted' in r.message]
+    assert len(said) == 1 and said[0].exc_info
+    # Nothing is left running, and the thread is tried again.
+    assert runtime.stats.in_flight() == 0 and not runtime.active
+    monkeypatch.setattr(threading.Thread, 'start', start)
+
+    def carried():
+        call(app, ('search', {'area': 'Burley'}))
+        return 'dbtune-stats-carry' in [t.name for t in threading.enumerate()]
+
+    until(carried)
 
 
 # Several processes

@@ -247,7 +247,11 @@ class Stats:
         finally:
             self._lock.release()
         if carrier:
-            _start_carrier(self)
+            try:
+                _start_carrier(self)
+            except BaseException:
+                self._carrier = None  # the next tick tries again
+                raise
         self.carry()
         if last is None:
             return

@@ -12,11 +12,14 @@ through ``response.headers``; what a request counts for is
 """
 
 import itertools
+import logging
 from threading import get_ident
 from time import perf_counter, thread_time
 
 from ..cache import HIT, MISS, STALE, WAITED
 from .stats import CPU_EVERY
+
+log = logging.getLogger(__name__)
 
 # % formats floats faster than f-strings do.
 _TOTAL = 'total;dur=%.3f'
@@ -102,6 +105,7 @@ def timing_tween_factory(handler, registry):
 
     active = dbtune.active
     turn = itertools.count()
+    failed = []  # said once
 
     def timing_tween(request):
         ident = get_ident()
@@ -123,7 +127,15 @@ def timing_tween_factory(handler, registry):
             end = perf_counter()
             seconds = end - start
             if stats is not None:
-                stats.count(request, response, raised, seconds, end, cpu)
+                try:
+                    stats.count(request, response, raised, seconds, end, cpu)
+                except Exception:
+                    # A request never fails for its figures.
+                    if not failed:
+                        failed.append(True)
+                        log.exception(
+                            'pyramid_dbtune: a request could not be counted'
+                        )
             if outer is None:
                 del active[ident]
             else:
