@@ -21,7 +21,14 @@ from webtest import TestApp
 from pyramid_dbtune.ops import access, stats
 from pyramid_dbtune.ops import tween as tweens
 
-from conftest import SEARCH, SET_RENT, add_sleep_function, call, until
+from conftest import (
+    SEARCH,
+    SET_RENT,
+    add_sleep_function,
+    call,
+    in_a_child,
+    until,
+)
 
 TOKEN = 'a-token-of-16-chars-or-more'
 AUTH = {access.HEADER: TOKEN}
@@ -653,6 +660,32 @@ def test_a_request_does_not_fail_for_its_figures(
         return 'dbtune-stats-carry' in [t.name for t in threading.enumerate()]
 
     until(carried)
+
+
+def test_a_forked_process_counts_only_what_it_did(sqlite_url, apps):
+    # gunicorn --preload: the app's cache and router counted in the
+    # master before the fork; a worker's metrics are its own, so that
+    # several workers' add up to what was done.
+    app = apps(sqlite_url, [SEARCH], ON)
+    for _ in range(3):
+        call(app, ('search', {'area': 'Burley'}))
+    cache = app.app.registry.dbtune.cache
+    assert (cache.hits, cache.misses) == (2, 1)
+
+    def counted():
+        metrics = metrics_of(app)
+        return [
+            metrics.get(('dbtune_cache_events_total', (('event', e),)), 0)
+            for e in ('hits', 'misses')
+        ]
+
+    def only_its_own():
+        hits, misses = cache.hits, cache.misses
+        call(app, ('search', {'area': 'Burley'}))
+        return counted() == [cache.hits - hits, cache.misses - misses]
+
+    assert in_a_child(only_its_own)
+    assert counted() == [2, 1]  # the parent's, as they were
 
 
 # Several processes

@@ -129,6 +129,14 @@ class Stats:
         self.active.clear()
         self.reset()
 
+    def start_after_fork(self):
+        """Once every object of the child is renewed: what the parent's
+        cache, router and listener had counted before the fork is the
+        parent's, not this process's, and is left out of its metrics
+        (with several processes, prometheus_client adds them all up)."""
+        with self._carrying:
+            self._carry_all(self._carried.__setitem__)
+
     def reset(self):
         """Start every figure again, in a registry of their own."""
         from prometheus_client import CollectorRegistry
@@ -286,7 +294,10 @@ class Stats:
         with self._carrying:
             self._carry_all()
 
-    def _carry_all(self):
+    def _carry_all(self, carry=None):
+        """Carry every figure; ``carry(counter, value)`` instead of
+        :meth:`_carry`, for the counters."""
+        carry = carry or self._carry
         metrics = self.metrics
         for route in list(self.routes.values()):
             if route is not None and route.pending:
@@ -298,22 +309,20 @@ class Stats:
                         seconds += took
                 route.queries.inc(queries)
                 route.db_seconds.inc(seconds)
-        self._carry(metrics['cpu'], process_time())
+        carry(metrics['cpu'], process_time())
         for event, value in cache_counters(self.dbtune.cache).items():
-            self._carry(metrics['cache'].labels(event=event), value)
+            carry(metrics['cache'].labels(event=event), value)
         for name, figures in method_figures(self.dbtune).items():
-            self._carry(metrics['dropped'].labels(method=name),
-                        figures['dropped'])  # fmt: skip
-            self._carry(metrics['patched'].labels(method=name),
-                        figures['patched'])  # fmt: skip
-            self._carry(metrics['untold'].labels(method=name),
-                        figures['untold_writes'])  # fmt: skip
+            carry(metrics['dropped'].labels(method=name), figures['dropped'])
+            carry(metrics['patched'].labels(method=name), figures['patched'])
+            untold = figures['untold_writes']
+            carry(metrics['untold'].labels(method=name), untold)
         for event, value in listener_figures(self.dbtune).items():
-            self._carry(metrics['changes'].labels(event=event), value)
+            carry(metrics['changes'].labels(event=event), value)
         metrics['in_flight'].set(self.in_flight())
         database = database_figures(self.dbtune.router)
         for role, figures in database.get('roles', {}).items():
-            self._carry(metrics['reads'].labels(role=role), figures['reads'])
+            carry(metrics['reads'].labels(role=role), figures['reads'])
             for state in ('in_use', 'idle'):
                 if state in figures:
                     metrics['pool'].labels(role=role, state=state).set(
@@ -321,7 +330,7 @@ class Stats:
                     )
         router = self.dbtune.router
         for name, _, attribute in DATABASE if router is not None else ():
-            self._carry(metrics[name], getattr(router, attribute))
+            carry(metrics[name], getattr(router, attribute))
 
     def _carry(self, counter, value):
         """Increment ``counter`` by what ``value`` grew since last time."""
