@@ -226,9 +226,10 @@ class Stats:
         """More requests run than the peak so far (the operator's views
         included): count them as :meth:`in_flight` does."""
         running = self.in_flight()
-        if running > self.peak_in_flight:
-            self.peak_in_flight = running
-            self.metrics['peak'].set(running)
+        with self._lock:  # another thread may set a higher one meanwhile
+            if running > self.peak_in_flight:
+                self.peak_in_flight = running
+                self.metrics['peak'].set(running)
 
     def tick(self, now):
         """Carry the counters into the metrics, and close the chart's
