@@ -137,6 +137,24 @@ def test_a_change_of_many_rows_drops_the_table(postgresql_url, apps):
     ]  # fmt: skip
 
 
+def test_the_apps_own_change_of_many_rows_drops_its_reads(
+    postgresql_url, apps
+):
+    # Its commit leaves the reads with a shape to the listener, and the
+    # notice of more rows than a notice tells carries no row, nor any
+    # transaction: what it changed is dropped all the same.
+    bulk = {'name': 'bulk', 'sql': 'UPDATE property SET rent = :rent '
+            'WHERE area = :area'}  # fmt: skip
+    app = listening(postgresql_url, apps, methods=[*METHODS, bulk])
+    outside(postgresql_url, "INSERT INTO property (id, area, rent) SELECT "
+            "g, 'Big', 10 FROM generate_series(100, 250) AS g")  # fmt: skip
+    search = ('search', {'area': 'Big'})
+    call(app, search)
+    call(app, ('bulk', {'rent': 77, 'area': 'Big'}))
+    rows = call(app, search)['results'][0]['rows']
+    assert len(rows) == 151 and {rent for _, rent in rows} == {77}
+
+
 def test_a_truncate_drops_the_table_on_postgresql(postgresql_url, apps):
     app = listening(postgresql_url, apps)
     assert dropped(app, 'TRUNCATE property') == [0, 1, 2, 3, 4, 5]

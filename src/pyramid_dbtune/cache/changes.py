@@ -300,14 +300,18 @@ class Listener:
     def apply(self, table, told, origin=None, xid=None):
         """Drop (or patch) what a change of ``table`` could have changed.
         A change from ``origin``, this listener's :attr:`origin`, that its
-        commit dropped is passed over: one that tells its transaction
-        (``xid``) is applied where the cache :attr:`applies_own`.
+        commit dropped is passed over; where the cache :attr:`applies_own`,
+        it is applied, and one that does not tell its transaction
+        (``xid``) drops what it could have changed.
         ``told``: ``{"old": [...], "new": [...]}``, the images of the rows
         changed, or None where they are not told."""
         if origin is not None and origin == self.origin:
             self.own += 1
-            if xid is None or not self.applies_own:
-                return
+            if not self.applies_own:
+                return  # its commit dropped what it could have changed
+            # Its commit left the reads with a shape to this listener: a
+            # change that tells no transaction (more rows than a notice
+            # tells, too big, a truncate) drops them, as any untold does.
         changes = ()
         if told is None or isinstance(told, list):
             rows = told  # not told, or by a trigger made before images
