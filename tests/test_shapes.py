@@ -128,6 +128,36 @@ def test_values_are_compared_only_where_every_database_agrees():
     assert compare([1], [1]) is None  # an array column, as JSON tells it
 
 
+def test_instants_are_compared_whatever_their_offsets():
+    new_york = datetime.timezone(datetime.timedelta(hours=-5))
+    los_angeles = datetime.timezone(datetime.timedelta(hours=-8))
+    # 16:00 UTC as the app has it, 15:30 UTC as a notice tells it (the
+    # database's session in another zone): the text would order them
+    # the other way.
+    since = datetime.datetime(2026, 1, 1, 8, 0, tzinfo=los_angeles)
+    told = '2026-01-01T10:30:00-05:00'
+    assert compare(told, since) == -1 and compare(since, told) == 1
+    assert compare('2026-01-01 11:00:00-05', since) == 0
+    kept = datetime.datetime(2026, 1, 1, 11, 30, tzinfo=new_york)
+    assert compare(kept, since) == 1
+    # An instant and a local time, or a time of day with an offset: not
+    # even equality is told.
+    assert compare(since, '2026-01-01T08:00:00') is None
+    local = datetime.datetime(2026, 1, 1, 8, 0)
+    assert compare(local, '2026-01-01T08:00:00') == 0
+    assert compare(datetime.time(8, 0, tzinfo=los_angeles), '08:00') is None
+    assert compare('2026-01-01T10:30:00-99:00', told) is None
+    assert compare('10:30:00-05:00', told) is None
+    events = read_shape(
+        'SELECT id, starts FROM event WHERE starts >= :since ORDER BY starts',
+        frozenset(['event']),
+    )
+    rows = Rows(('id', 'starts'), [(1, kept)])
+    inserted = {'id': 9, 'starts': told}
+    assert not matches(events, {'since': since}, inserted)
+    assert patch(events, rows, {'since': since}, (), (inserted,), 20) == rows
+
+
 def test_a_row_matches_a_read_when_it_meets_every_condition():
     assert matches(SEARCH, PARAMS, row(1, 90)) is True
     assert matches(SEARCH, PARAMS, row(1, 110)) is False

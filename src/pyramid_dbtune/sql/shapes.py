@@ -47,6 +47,12 @@ _NUMBERS = (int, float, decimal.Decimal)
 #: punctuation at the same places (``2026-09-01``, ``10:30``).
 _ORDERED = re.compile(r'[0-9]+(?:[-:./ T][0-9]+)*\Z')
 _DIGIT = re.compile('[0-9]')
+#: A time of day and its offset from UTC, at the end of a text
+#: (``2026-01-01T10:30:00-05:00``): an instant, which its characters do
+#: not order.
+_OFFSET = re.compile(
+    r'[0-9]{2}:[0-9]{2}(?::[0-9]{2}(?:\.[0-9]+)?)?[+-][0-9]{2}(?::?[0-9]{2})?\Z'
+)
 
 #: :func:`compare`: unequal, but in an order the module cannot tell.
 UNEQUAL = 'unequal'
@@ -240,6 +246,8 @@ def compare(a, b):
 
 def _compare(a, b):
     a, b = _comparable(a), _comparable(b)
+    if isinstance(a, datetime.datetime) and isinstance(b, datetime.datetime):
+        return (a > b) - (a < b)  # instants, whatever their offsets
     if isinstance(a, _NUMBERS) and isinstance(b, _NUMBERS):
         if isinstance(a, float) or isinstance(b, float):
             a, b = float(a), float(b)  # as the database compares them
@@ -267,10 +275,23 @@ _remembered = functools.lru_cache(maxsize=4096, typed=True)(_compare)
 
 
 def _comparable(value):
+    """``value`` as :func:`_compare` compares it: a date or time as its
+    ISO text, but an instant (a datetime with an offset, or its text) as
+    an aware datetime; None where it cannot be compared."""
     if isinstance(value, bool):
         return None
-    if isinstance(value, datetime.date | datetime.time):
+    if isinstance(value, datetime.datetime | datetime.time):
+        if value.utcoffset() is None:
+            return value.isoformat()
+        # A time of day with an offset has no instant: not compared.
+        return value if isinstance(value, datetime.datetime) else None
+    if isinstance(value, datetime.date):
         return value.isoformat()
+    if isinstance(value, str) and _OFFSET.search(value):
+        try:
+            return datetime.datetime.fromisoformat(value)  # with its offset
+        except ValueError:  # a time of day alone, or no time at all
+            return None
     return value
 
 
