@@ -798,11 +798,22 @@ def one_row(value):
     return Rows(['x'], [(value,)])
 
 
+def shared_cache(url, server, apps):
+    """The memcached cache of an app on ``server``."""
+    return apps(url, [], shared_settings(server)).app.registry.dbtune.cache
+
+
+def read_of(cache, database):
+    """A read that no write invalidates, of ``database['value']``."""
+    return lambda: cache.get_or_fill(
+        ('k', (), ()), 60, frozenset(), lambda: one_row(database['value'])
+    )
+
+
 def test_a_read_after_a_write_does_not_wait_for_a_fill_begun_before(
     sqlite_url, memcached, apps
 ):
-    cache = apps(sqlite_url, [], shared_settings(memcached)).app.registry
-    cache = cache.dbtune.cache
+    cache = shared_cache(sqlite_url, memcached, apps)
     started, release = threading.Event(), threading.Event()
 
     def before_the_write():
@@ -856,16 +867,9 @@ def test_a_read_after_a_write_does_not_wait_for_a_fill_begun_before(
 def test_an_unknown_write_leaves_no_copy_of_what_it_dropped(
     sqlite_url, memcached, apps
 ):
-    cache = apps(sqlite_url, [], shared_settings(memcached)).app.registry
-    cache = cache.dbtune.cache
+    cache = shared_cache(sqlite_url, memcached, apps)
     database = {'value': 'old'}
-    key = ('k', (), ())
-
-    def read():
-        return cache.get_or_fill(
-            key, 60, frozenset(), lambda: one_row(database['value'])
-        )
-
+    read = read_of(cache, database)
     assert [read()[1] for _ in range(2)] == ['miss', 'hit']
     database['value'] = 'new'
     cache.invalidate(None)
@@ -881,16 +885,9 @@ def test_a_read_that_an_unknown_write_overtakes_keeps_no_copy(
     sqlite_url, memcached, apps
 ):
     proxy = Proxy(memcached.port)
-    cache = apps(sqlite_url, [], shared_settings(proxy)).app.registry
-    cache = cache.dbtune.cache
+    cache = shared_cache(sqlite_url, proxy, apps)
     database = {'value': 'old'}
-    key = ('k', (), ())
-
-    def read():
-        return cache.get_or_fill(
-            key, 60, frozenset(), lambda: one_row(database['value'])
-        )
-
+    read = read_of(cache, database)
     assert read() == (one_row('old'), 'miss')
     written = []
 
@@ -911,8 +908,7 @@ def test_a_read_that_an_unknown_write_overtakes_keeps_no_copy(
 def test_a_generation_that_is_not_a_number_is_a_miss(
     sqlite_url, memcached, apps
 ):
-    cache = apps(sqlite_url, [], shared_settings(memcached)).app.registry
-    cache = cache.dbtune.cache
+    cache = shared_cache(sqlite_url, memcached, apps)
     key, tables = ('k', (4,), (int,)), frozenset(['t', 'u'])
 
     def read():
