@@ -27,6 +27,7 @@ from conftest import (
     add_sleep_function,
     call,
     in_a_child,
+    make_app,
     until,
 )
 
@@ -630,14 +631,14 @@ def test_after_fork_starts_afresh(sqlite_url, apps):
 
 
 def test_a_request_does_not_fail_for_its_figures(
-    sqlite_url, apps, monkeypatch, tmp_path, caplog
+    sqlite_url, monkeypatch, tmp_path, caplog
 ):
     # With PROMETHEUS_MULTIPROC_DIR, the first count starts a thread that
     # carries the figures; a process out of threads (a container's pids
     # limit) cannot start it.
     monkeypatch.setenv('PROMETHEUS_MULTIPROC_DIR', str(tmp_path))
     monkeypatch.setattr(stats, 'TICK', 0.05)
-    app = apps(sqlite_url, [SEARCH], ON)
+    app = make_app(sqlite_url, [SEARCH], ON)
     runtime = app.app.registry.dbtune
     start = threading.Thread.start
 
@@ -657,9 +658,10 @@ def test_a_request_does_not_fail_for_its_figures(
 
     def carried():
         call(app, ('search', {'area': 'Burley'}))
-        return 'dbtune-stats-carry' in [t.name for t in threading.enumerate()]
+        return CARRIER in [t.name for t in threading.enumerate()]
 
     until(carried)
+    runtime.close()
 
 
 def test_a_forked_process_counts_only_what_it_did(sqlite_url, apps):
@@ -844,6 +846,8 @@ def test_every_process_is_added_up_and_a_dead_one_leaves_gauges(
 
     monkeypatch.setenv('PROMETHEUS_MULTIPROC_DIR', str(tmp_path))
     monkeypatch.setattr(stats, 'TICK', 0.05)
+    # The carriers of earlier tests' apps end when those are collected.
+    earlier = [t for t in threading.enumerate() if t.name == CARRIER]
     done = subprocess.run(
         [sys.executable, '-c', CHILD % ON],
         capture_output=True, text=True, timeout=120,
@@ -869,7 +873,11 @@ def test_every_process_is_added_up_and_a_dead_one_leaves_gauges(
     # Its first request started this process's carrier thread, which ends
     # with its app.
     def carriers():
-        return [t for t in threading.enumerate() if t.name == CARRIER]
+        return [
+            t
+            for t in threading.enumerate()
+            if t.name == CARRIER and t not in earlier
+        ]
 
     assert len(carriers()) == 1
     del app, config
