@@ -314,6 +314,9 @@ class MemcachedCache(ServerCalls):
         """Keep ``entry``, decoded from ``value`` and found of the current
         generations, unless the memo was emptied since the read began (an
         unknown write): a read that no write invalidates is served it."""
+        known = self._memo.get(name)
+        if known is not None and known[1] is entry:
+            return  # a hit of what it holds: no lock taken
         with self._lock:
             if self._emptied == emptied:
                 self._memo[name] = (bytes(value[:_SIGNATURE]), entry)
