@@ -321,6 +321,10 @@ def test_the_connection_in_the_zmi(site):
     )
     assert status == 200
     assert site.get('/second/manage_main')[0] == 200
+    # Its quoting of strings (test_zope_in_process has MySQL's).
+    for area, count in (('Headingley', '2'), ("\\' OR 1=1 -- ", '0')):
+        query = urllib.parse.urlencode({'area': area})
+        assert site.get(f'/count_in_area?{query}') == (200, count)
 
 
 @pytest.mark.parametrize(

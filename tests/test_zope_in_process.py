@@ -11,7 +11,7 @@ from pyramid.exceptions import ConfigurationError
 from pyramid_dbtune import SQLMethod
 from pyramid_dbtune.registry import DBTune
 from pyramid_dbtune.settings import parse
-from pyramid_dbtune.zope.connection import Database
+from pyramid_dbtune.zope.connection import Database, quote
 from pyramid_dbtune.zope.ops import front
 
 from conftest import create_tables
@@ -129,3 +129,33 @@ def test_a_script_outside_a_request_has_no_client_to_pin(postgresql_url):
 
 GET = 'SELECT rent FROM property WHERE id = :id'
 SET = 'UPDATE property SET rent = :rent WHERE id = :id'
+
+
+#: Strings that end a literal quoted by doubling quotes alone, where a
+#: backslash escapes (MySQL, MariaDB), and others that must come back.
+ODD_STRINGS = ["\\' OR 1=1 -- ", "\\'", "it's", 'back\\slash', '\\', '50%']
+
+
+def test_zsqls_strings_are_one_literal_in_every_database(server_url):
+    # The quoting of <dtml-sqlvar type="string">: each string comes back
+    # as it was given, from the writer (a write's transaction), and from
+    # the read pool; none matches a row it does not hold.
+    create_tables(server_url)
+    dbtune = DBTune(parse({'dbtune.url': server_url}))
+    database = Database(dbtune)
+    dialect = dbtune.router.writer.dialect
+    try:
+        for value in ODD_STRINGS:
+            literal = quote(value, dialect)
+            _, rows = database.query(f'SELECT {literal} AS text')
+            assert rows == [[value]]
+            _, rows = database.query(
+                f'SELECT id FROM property WHERE area = {literal}'
+            )
+            assert rows == []
+        database.query("UPDATE property SET area = 'x' WHERE id = 0")
+        _, rows = database.query(f'SELECT {quote(ODD_STRINGS[0], dialect)}')
+        assert rows == [[ODD_STRINGS[0]]]
+    finally:
+        transaction.abort()
+        dbtune.close()

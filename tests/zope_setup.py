@@ -83,6 +83,16 @@ site.manage_addDTMLMethod(
 )
 site.manage_addDTMLMethod('write_untold', file='<dtml-call untold_write>done')
 site.manage_addDTMLMethod('fail_at_commit', file='<dtml-call insert_twice>')
+# A string put into the SQL, quoted by the connection.
+manage_addZSQLMethod(
+    site, 'in_area', '', 'dbtune', 'area',
+    'SELECT count(*) AS n FROM property '
+    'WHERE area = <dtml-sqlvar area type="string">',
+)  # fmt: skip
+site.manage_addDTMLMethod(
+    'count_in_area',
+    file='<dtml-in "in_area(area=area)"><dtml-var n></dtml-in>',
+)
 
 # Another adapter (Products.SQLAlchemyDA): its methods keep their own
 # cache, as they always did.
