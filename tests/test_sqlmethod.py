@@ -6,9 +6,12 @@ import decimal
 import uuid
 
 import pytest
+from pyramid.exceptions import ConfigurationError
 
 from pyramid_dbtune import SQLFileError, SQLMethod
 from pyramid_dbtune.sql.method import load_sql_file
+
+from conftest import make_app
 
 
 def test_method_properties():
@@ -202,3 +205,34 @@ def test_invalidate():
         SQLMethod('r', 'SELECT 1', invalidate='no')
     with pytest.raises(ValueError, match='invalidate=False is for reads'):
         SQLMethod('w', 'UPDATE property SET rent = 1', invalidate=False)
+
+
+@pytest.mark.parametrize(
+    'sql',
+    [
+        'SELECT id FROM property WHERE area = :area /* AND id = :id */',
+        'SELECT id FROM property WHERE area = :area -- or :id\n',
+        "SELECT id FROM property WHERE area = ':id' OR area = :area",
+    ],
+)
+def test_a_parameter_in_a_comment_or_a_string_is_refused(sql, server_url):
+    # PyMySQL and psycopg2 put the value into the text: in a comment, one
+    # holding "*/ OR 1=1 /*" (or a line break) would become SQL.
+    with pytest.raises(ConfigurationError, match=r':id stands inside a'):
+        make_app(server_url, [SQLMethod('find', sql)])
+
+
+def test_a_parameter_is_refused_only_where_the_database_reads_a_comment(
+    sqlite_url,
+):
+    # PostgreSQL's #> operator is MySQL's comment: refused on MySQL only.
+    sql = 'SELECT id FROM property WHERE area #> :path IS NULL'
+    method = SQLMethod('find', sql)
+    assert method.hidden == {
+        'PostgreSQL or SQLite': {},
+        'MySQL': {'path': 'MySQL'},
+        'MySQL with NO_BACKSLASH_ESCAPES': {
+            'path': 'MySQL with NO_BACKSLASH_ESCAPES'
+        },
+    }
+    make_app(sqlite_url, [method])

@@ -8,6 +8,7 @@ from pyramid.exceptions import ConfigurationError
 
 from .cache import MAX_EXPIRY, Watch, make_cache
 from .routing.engines import Router
+from .sql.analysis import readings_of
 from .sql.conditions import MAX_TAGGED, any_row, told, value_tag
 from .sql.method import SQLMethod
 from .sql.shapes import ReadShape
@@ -168,6 +169,16 @@ class DBTune:
                 f'SQL method {method.name!r} needs a database: set '
                 'dbtune.url (or sqlalchemy.url)'
             )
+        for reading in readings_of(self.router.dialect):
+            for name in method.hidden[reading]:
+                # PyMySQL and psycopg2 put the value into the text, where
+                # a quote or a line break in it would end the comment.
+                raise ConfigurationError(
+                    f'SQL method {method.name!r}: :{name} stands inside a '
+                    f'string, a quoted name or a comment as {reading} reads '
+                    'the statement, where a value put into the text can '
+                    f'escape: take it out of there, or write it \\:{name}'
+                )
         cache_time = self.cache_time(method)
         if (
             self.settings.cache_backend == 'memcached'

@@ -317,6 +317,16 @@ READINGS = {
     'MySQL': _MYSQL_HIDDEN,
     'MySQL with NO_BACKSLASH_ESCAPES': _MYSQL_NO_BACKSLASH_HIDDEN,
 }
+
+
+def readings_of(dialect):
+    """The :data:`READINGS` that apply to a database of ``dialect``
+    (SQLAlchemy's name for it)."""
+    if dialect in ('mysql', 'mariadb'):
+        return ('MySQL', 'MySQL with NO_BACKSLASH_ESCAPES')
+    return ('PostgreSQL or SQLite',)
+
+
 # A parameter as SQLAlchemy's text() finds it, in strings and comments too.
 _PARAMETER = re.compile(r'(?<![:\w\\]):(\w+)(?!:)')
 _NESTED = re.compile(r'/\*|\*/')
@@ -347,19 +357,20 @@ def _code(sql, reading):
     return ''.join(parts)
 
 
-def hidden_parameters(sql, names):
+def hidden_parameters(sql, names, readings=tuple(READINGS)):
     """The ``names`` that are not parameters wherever ``sql`` holds them.
 
     Returns ``{name: why}`` for each name that SQLAlchemy's ``text()``
     does not take as a ``:name`` parameter (``why`` is ``None``), or that
     stands inside a string, a quoted name or a comment as one of the
-    :data:`READINGS` reads ``sql`` (``why`` names that reading). A driver
-    that fills parameters in itself (PyMySQL) would then put the value's
-    text into a string or comment, from where it can escape.
+    ``readings`` (of :data:`READINGS`) reads ``sql`` (``why`` names the
+    first). A driver that fills parameters in itself (PyMySQL, psycopg2)
+    would then put the value's text into a string or comment, from where
+    it can escape.
     """
     counts = _count(sql, names)
     found = {n: None for n in names if not counts[n]}
-    for reading in READINGS:
+    for reading in readings:
         seen = _count(_code(sql, reading), names)
         for name in names:
             if name not in found and seen[name] != counts[name]:

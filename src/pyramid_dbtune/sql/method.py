@@ -129,6 +129,15 @@ class SQLMethod:
         self.statement = text(sql)
         self.params = tuple(self.statement.compile().params)
         self._param_set = frozenset(self.params)
+        #: ``{reading: {parameter: reading}}``: for each reading of the
+        #: statement (:data:`.analysis.READINGS`), the parameters that
+        #: stand in a string, a quoted name or a comment as it reads them;
+        #: refused where the database reads it so, as the method is
+        #: registered.
+        self.hidden = {
+            reading: analysis.hidden_parameters(sql, self.params, [reading])
+            for reading in analysis.READINGS
+        }
         #: Parameters written ``IN :name``: they take a list.
         self.list_params = analysis.in_parameters(sql) & self._param_set
         # The argument values in parameter order, as a tuple, in C: this is
