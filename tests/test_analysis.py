@@ -38,6 +38,26 @@ from pyramid_dbtune.sql.analysis import ANY_TABLE, analyse, in_parameters
         ('SELECT substring(x from 2) FROM t', {'t'}),
         ('SELECT * FROM generate_series(1, 3) g, property p', {ANY_TABLE}),
         ('SELECT * FROM property p JOIN lookup(p.id) l ON true', {ANY_TABLE}),
+        # Joins in parentheses, and tables after a join's condition.
+        ('SELECT * FROM (a JOIN b ON a.x = b.x)', {'a', 'b'}),
+        ('SELECT * FROM a, ((b JOIN c ON b.x = c.x))', {'a', 'b', 'c'}),
+        ('SELECT * FROM b JOIN p ON b.x = p.y, a c', {'a', 'b', 'p'}),
+        ('SELECT * FROM a JOIN b USING (id), c', {'a', 'b', 'c'}),
+        ('SELECT * FROM b STRAIGHT_JOIN c', {'b', 'c'}),
+        ('SELECT * FROM a TABLESAMPLE BERNOULLI (10), b', {'a', 'b'}),
+        ('SELECT * FROM a USE INDEX (i, j), b', {'a', 'b'}),
+        ('SELECT * FROM a, (SELECT x FROM b, c) s, d WHERE z IN '
+         '(SELECT 1 FROM e, f) ORDER BY 1, 2', {*'abcdef'}),
+        ('SELECT * FROM (VALUES (1, 2), (3, 4)) AS t (a, b), q', {'q'}),
+        ('SELECT a FROM t GROUP BY a, b LIMIT 10, 20', {'t'}),
+        # What is double-quoted or backquoted hides a quote or a comment.
+        ('SELECT "it\'s" AS x, y FROM a, b WHERE c = \'x\'', {'a', 'b'}),
+        ('SELECT * FROM a WHERE n = "O\'Brien" UNION SELECT * FROM b '
+         "WHERE c = 'x'", {'a', 'b'}),
+        ('SELECT "/*" AS o, y FROM a, b WHERE "*/" = 1', {'a', 'b'}),
+        # MySQL's INSERT() of strings, a column named merge: reads.
+        ("SELECT INSERT(name, 1, 1, 'x') FROM a", {'a'}),
+        ('SELECT merge FROM a', {'a'}),
     ],
 )  # fmt: skip
 def test_reads_and_their_tables(sql, tables):
@@ -70,6 +90,11 @@ def test_reads_and_their_tables(sql, tables):
         ('WITH gone AS (DELETE FROM t RETURNING *) '
          'INSERT INTO log SELECT * FROM gone', {'t', 'log'}),
         ('EXPLAIN ANALYZE DELETE FROM t', {'t'}),
+        ('WITH c AS (SELECT 1) UPDATE a JOIN b ON a.x = b.x SET b.x = 1',
+         {'a', 'b'}),
+        ('UPDATE a STRAIGHT_JOIN b ON a.x = b.x SET b.y = 1', {'a', 'b'}),
+        ('UPDATE a SET x = 1, y = 2 FROM b, c WHERE a.i = b.i',
+         {'a', 'b', 'c'}),
         ('SELECT * FROM t FOR UPDATE', set()),
         ('SELECT * FROM t FOR NO KEY UPDATE NOWAIT', set()),
         ('SELECT * FROM t FOR SHARE', set()),
@@ -86,7 +111,9 @@ def test_writes_and_their_tables(sql, tables):
      'ALTER TABLE t ADD b int', 'GRANT SELECT ON t TO u', '',
      'DELETE t FROM t JOIN u', 'SELECT * INTO backup FROM t',
      'INSERT INTO', 'INSERT INTO :x', 'UPDATE', 'DELETE FROM',
-     'UPDATE f(1) SET a = 1', 'TRUNCATE'],
+     'UPDATE f(1) SET a = 1', 'TRUNCATE',
+     # MySQL's joins to update, and the tables that refer to a table.
+     'UPDATE (a JOIN b ON a.x = b.x) SET b.x = 1', 'TRUNCATE a CASCADE'],
 )  # fmt: skip
 def test_writes_whose_tables_cannot_be_told(sql):
     assert analyse(sql) == (True, None)

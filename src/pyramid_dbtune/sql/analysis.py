@@ -30,16 +30,29 @@ _KEYWORDS = frozenset(
     lateral straight_join returning set values lock into tablesample select
     from as with when then else end and or not only default""".split()
 )
+# Words that end a FROM clause, at its depth.
+_FROM_ENDS = frozenset(
+    """where group having order limit union intersect except window offset
+    fetch for returning set select values into update do ;""".split()
+)
 
-# Literals and comments are blanked before the text is read. A backslash
-# escapes a quote in MySQL but not in standard SQL; both readings are made
-# and their findings joined, so neither hides a table.
+# Literals and comments are blanked before the text is read; what is
+# double-quoted or backquoted is kept (a name, or MySQL's string), and
+# hides what it holds (a quote, a comment's start). A backslash escapes a
+# quote in MySQL but not in standard SQL; both readings are made and their
+# findings joined, so neither hides a table.
 _COMMENT = r'--[^\n]*|/\*.*?\*/'
 _LITERAL_STANDARD = re.compile(
-    rf"(?P<literal>'(?:''|[^'])*')|{_COMMENT}", re.DOTALL
+    rf"""(?P<literal>'(?:''|[^'])*')
+      | (?P<name>"(?:""|[^"])*"|`(?:``|[^`])*`)
+      | {_COMMENT}""",
+    re.DOTALL | re.VERBOSE,
 )
 _LITERAL_BACKSLASH = re.compile(
-    rf"(?P<literal>'(?:''|\\.|[^'\\])*')|{_COMMENT}", re.DOTALL
+    rf"""(?P<literal>'(?:''|\\.|[^'\\])*')
+      | (?P<name>"(?:""|\\.|[^"\\])*"|`(?:``|[^`])*`)
+      | {_COMMENT}""",
+    re.DOTALL | re.VERBOSE,
 )
 _TOKEN = re.compile(
     r'"[^"]*"|`[^`]*`|\[[^\]]*\]'  # quoted names
@@ -53,7 +66,13 @@ _TOKEN = re.compile(
 
 def blank(sql, literal=_LITERAL_STANDARD):
     """``sql`` with each literal as ``''`` and each comment as a space."""
-    return literal.sub(lambda m: "''" if m.group('literal') else ' ', sql)
+    return literal.sub(_blanked, sql)
+
+
+def _blanked(match):
+    if match.group('literal'):
+        return "''"
+    return match.group('name') or ' '
 
 
 def tokens(sql, literal=_LITERAL_STANDARD):
@@ -122,7 +141,11 @@ class _Reader:
             while self.at(i) in ('only', 'lateral'):
                 i += 1
             if self.at(i) == '(':
-                # A subquery: its own FROM is read where it stands.
+                # A subquery: its own FROM is read where it stands. Else a
+                # join in parentheses: its first table is read here, the
+                # others after their JOIN.
+                if self.at(i + 1) not in _READ_WORDS:
+                    told = self.table_list(i + 1, tables) and told
                 i = self.skip_parens(i)
             elif i < len(self.words) and _is_name(self.words[i]):
                 name, i = self.name(i)
@@ -155,20 +178,35 @@ class _Reader:
             for i, word in enumerate(self.lower)
             if word in _DML_WORDS
             and (i == 0 or self.lower[i - 1] not in _NOT_A_STATEMENT)
-            and not (word == 'replace' and self.at(i + 1) != 'into')
+            and not (word in ('replace', 'merge') and self.at(i + 1) != 'into')
+            # MySQL's INSERT() of strings
+            and not (word == 'insert' and self.at(i + 1) == '(')
         ]
 
 
 def _reads(reader, top_level=False):
-    """The tables named after FROM, JOIN and USING; None if untold."""
+    """The tables named after FROM, JOIN and USING, and after each comma
+    of a FROM clause (one after a join's condition too); None if
+    untold."""
     tables = set()
     told = True
+    clauses = []  # the depth of each FROM clause this token is in
     for i, word in enumerate(reader.lower):
-        if top_level and reader.depth[i]:
+        depth = reader.depth[i]
+        while clauses and (
+            depth < clauses[-1]
+            or (depth == clauses[-1] and word in _FROM_ENDS)
+        ):
+            clauses.pop()
+        if top_level and depth:
             continue
-        if word in ('from', 'join') or (
+        if word in ('from', 'join', 'straight_join') or (
             word == 'using' and reader.at(i + 1) != '('
         ):
+            told = reader.table_list(i + 1, tables) and told
+            if word == 'from':
+                clauses.append(depth)
+        elif word == ',' and clauses and clauses[-1] == depth:
             told = reader.table_list(i + 1, tables) and told
         elif word == 'table' and i == 0:
             reader.table_list(1, tables)
@@ -196,6 +234,8 @@ def _targets(reader, starts):
         else:  # update
             while reader.at(j) in ('only', 'low_priority', 'ignore'):
                 j += 1
+            if reader.at(j) == '(':
+                return None  # MySQL's UPDATE (a JOIN b ...) SET
         if not reader.table_list(j, tables) or j >= len(reader.words):
             return None
     return tables
@@ -213,6 +253,8 @@ def _analyse(words):
         while reader.at(j) in ('table', 'only'):
             j += 1
         reader.table_list(j, tables)
+        if 'cascade' in reader.lower:
+            return True, None  # and every table that refers to them
         return True, tables or None
     if first in _READ_WORDS and not starts:
         if 'into' in reader.lower:
@@ -227,7 +269,9 @@ def _analyse(words):
     if not starts or first not in _DML_WORDS | {'with', 'explain', '('}:
         return True, None
     tables = _targets(reader, starts)
-    if tables is not None and first in ('update', 'delete'):
+    if tables is not None and {'update', 'delete'} & {
+        reader.lower[i] for i in starts if not reader.depth[i]
+    }:
         # UPDATE ... FROM and DELETE ... USING name the changed table by an
         # alias in some dialects: count every table they name as changed.
         more = _reads(reader, top_level=True)
