@@ -25,6 +25,7 @@ from pyramid_dbtune.sql.conditions import (
 from conftest import (
     AREAS,
     GET,
+    HEADINGLEY,
     READS,
     SEARCH,
     SET_RENT,
@@ -208,6 +209,38 @@ def test_a_write_of_a_table_not_there_is_the_databases_error(sqlite_url, apps):
         call(app, ('haunt', {'a': 1, 'b': 2}))
 
 
+def test_a_read_of_a_function_too_is_dropped_by_any_write(sqlite_url, apps):
+    # Its tables cannot be told (json_each in FROM): its area pins it to
+    # no rows, and a write of any row of any table drops it.
+    both = {
+        'name': 'both',
+        'sql': "SELECT p.id, p.rent FROM property p, json_each('[1]') j "
+        'WHERE p.area = :area ORDER BY p.id',
+        'cache_time': 20,
+    }
+    app = apps(sqlite_url, [both, SET_RENT])
+    read = ('both', {'area': 'Headingley'})
+    assert call(app, read)['results'][0]['rows'] == HEADINGLEY
+    call(app, ('set_rent', {'id': 1, 'rent': 95}))
+    answer = call(app, read)
+    assert answer['cache']['hit'] == 0
+    assert answer['results'][0]['rows'] == [[1, 95], [2, 120]]
+
+
+def test_a_delete_of_a_table_by_its_schema_drops_the_table(sqlite_url, apps):
+    # Not one plain name: its rows are not looked for, the table goes.
+    remove = {
+        'name': 'remove',
+        'sql': 'DELETE FROM main.property WHERE id = :id',
+    }
+    app = apps(sqlite_url, [SEARCH, GET, remove])
+    call(app, ('search', {'area': 'Burley'}), ('get', {'id': 1}))
+    call(app, ('remove', {'id': 1}))
+    answer = call(app, ('search', {'area': 'Burley'}), ('get', {'id': 1}))
+    assert answer['cache']['hit'] == 0
+    assert answer['results'][1]['rows'] == []
+
+
 def test_a_write_of_two_tables_drops_both(sqlite_url, apps):
     both = {
         'name': 'both',
@@ -309,6 +342,10 @@ def test_read_pins(sql, pins):
         'INSERT INTO "T" (a) VALUES (:a)',
         'INSERT INTO t (a) SELECT :a',
         'INSERT INTO t (a) DEFAULT VALUES',
+        'DELETE FROM s.t WHERE id = :id',
+        'DELETE FROM t AS x WHERE x.id = :id',
+        'DELETE FROM t x WHERE x.id = :id',
+        'DELETE FROM only t WHERE id = :id',
     ],
 )
 def test_writes_whose_rows_are_not_told(sql):

@@ -207,6 +207,8 @@ def write_shape(sql):
         not PLAIN.match(table)
         or where is None
         or where[1] != len(words)
+        # A name with a schema, ONLY or an alias: not one plain table.
+        or (kind == 'delete' and where[0] != i + 1)
         or {'from', 'join', 'using'} & set(lower[i : where[0]])
         or lower.count('select')
     ):

@@ -167,7 +167,13 @@ class SQLMethod:
         self.invalidate = invalidate
         #: The tables whose writes drop this read's cached rows.
         self.invalidated_by = self.tables if invalidate else frozenset()
-        told = tables is None and self.writes == found_writes
+        # Told from the text, and of tables it names: a read of a function
+        # in FROM is dropped by any write, whatever rows it touches.
+        told = (
+            tables is None
+            and self.writes == found_writes
+            and ANY_TABLE not in (self.tables or ())
+        )
         #: ``(column, parameter)`` pairs that pin this read of one table
         #: to the rows whose column holds the argument: only writes that
         #: touch such rows drop its cached rows (:mod:`.conditions`).
