@@ -13,7 +13,7 @@ from pyramid.exceptions import ConfigurationError
 from webtest import TestApp
 
 from pyramid_dbtune.ops.metrics import database_figures
-from pyramid_dbtune.routing.lag import EVERY
+from pyramid_dbtune.routing.lag import EVERY, Position
 from pyramid_dbtune.settings import parse
 
 from conftest import GET, call, until
@@ -161,3 +161,18 @@ def test_a_mariadb_url_reads_lag_and_positions(mysql_url, apps):
     (reader,) = router.readers
     until(lambda: reader.lag == 0 and reader.position is not None)
     assert uncached(app) == 90 and reader.reads == 1
+
+
+def test_a_fill_of_tables_not_told_waits_for_every_write(mysql_url, apps):
+    # Causal reads: after this process committed a write (at a position
+    # no replica has replayed), a cache fill of a read whose tables cannot
+    # be told goes to the writer, as one of the table written does.
+    app = apps(mysql_url, [NOW], {'dbtune.read_urls': mysql_url})
+    router = app.app.registry.dbtune.router
+    (reader,) = router.readers
+    until(lambda: reader.position is not None)
+    router.wrote({'property'}, Position({0: 10**15}))
+    select = sa.text('SELECT 1 AS one')
+    for tables, writer_reads in ((['area'], 0), (['property'], 1), (['*'], 2)):
+        router.read(select, {}, 0, frozenset(tables), fill=True)
+        assert router.writer_reads == writer_reads, tables

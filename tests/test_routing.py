@@ -722,6 +722,34 @@ def test_pin_window_ends(sqlite_url, apps, monkeypatch):
     assert router._recent == {}
 
 
+def test_the_time_pin_meets_tables_that_cannot_be_told(sqlite_url, apps):
+    # For pin_after_write seconds after a commit, the process fills from
+    # the writer: every read after a write of tables it cannot tell, and
+    # a read of tables it cannot tell after any write.
+    settings = {'dbtune.read_urls': sqlite_url, 'dbtune.pin_after_write': '5'}
+    untold = {'name': 'untold', 'sql': 'SELECT 1 AS one', 'writes': True}
+    get = {'name': 'get', 'sql': 'SELECT rent FROM property WHERE id = :id'}
+    rent = {'name': 'rent', 'sql': 'UPDATE property SET rent = 1 WHERE id = 1'}
+    count = {
+        'name': 'count',
+        'sql': "SELECT count(*) AS n FROM json_each('[1]')",
+        'cache_time': 20,
+    }
+    create_tables(sqlite_url)
+    for write, read in (
+        ('untold', ('get', {'id': 1})),
+        ('rent', ('count', {})),
+    ):
+        app = apps(
+            sqlite_url, [untold, get, rent, count], settings, tables=False
+        )
+        router = app.app.registry.dbtune.router
+        call(app, (write, {}))
+        app.reset()  # the client's pin cookie: not this test's
+        call(app, read)
+        assert router.writer_reads == 1, (write, read)
+
+
 def test_a_pin_cookie_that_is_no_time_is_no_pin(sqlite_url, apps):
     settings = {'dbtune.read_urls': sqlite_url, 'dbtune.pin_after_write': '5'}
     search = {'name': 'search', 'sql': 'SELECT 1 AS one', 'cache_time': 0}

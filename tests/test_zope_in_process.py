@@ -127,6 +127,34 @@ def test_a_script_outside_a_request_has_no_client_to_pin(postgresql_url):
         dbtune.close()
 
 
+def test_without_causal_reads_a_commit_pins_the_fills_of_its_tables(
+    sqlite_url,
+):
+    # dbtune.pin_after_write: for that long, this process's cache of the
+    # tables written is filled from the writer, not a replica behind.
+    create_tables(sqlite_url)
+    dbtune = DBTune(
+        parse(
+            {
+                'dbtune.url': sqlite_url,
+                'dbtune.read_urls': sqlite_url,
+                'dbtune.pin_after_write': '30',
+            }
+        )
+    )
+    dbtune.register(SQLMethod('get', GET, cache_time=60))
+    dbtune.register(SQLMethod('set', SET))
+    database = Database(dbtune)
+    try:
+        database.call(dbtune.methods['set'], {'id': 1, 'rent': 91})
+        transaction.commit()
+        assert database.call(dbtune.methods['get'], {'id': 1})[0].rent == 91
+        assert dbtune.router.writer_reads == 1
+    finally:
+        transaction.abort()
+        dbtune.close()
+
+
 GET = 'SELECT rent FROM property WHERE id = :id'
 SET = 'UPDATE property SET rent = :rent WHERE id = :id'
 

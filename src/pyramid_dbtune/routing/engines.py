@@ -227,8 +227,14 @@ class Router:
             writer = True
         if fill and self._written:
             with self._lock:
-                for table in (*tables, ANY_TABLE):
-                    position |= self._written.get(table, NO_POSITION)
+                # A read whose tables cannot be told waits for every write.
+                written = (
+                    self._written.values()
+                    if ANY_TABLE in tables
+                    else [self._written.get(t) for t in (*tables, ANY_TABLE)]
+                )
+                for at in written:
+                    position |= at or NO_POSITION
         reader = None if writer else self.pick(position=position)
         if reader is None and position and not writer:
             reader = self._replayed_now(position)
@@ -407,7 +413,7 @@ class Router:
             return
         until = monotonic() + self.settings.pin_after_write
         with self._lock:
-            for table in tables:
+            for table in tables or [ANY_TABLE]:
                 self._recent[table] = until
 
     def _recently_written(self, tables):
@@ -418,6 +424,9 @@ class Router:
             for table, until in list(self._recent.items()):
                 if until <= now:
                     del self._recent[table]
+            # A write or a read whose tables cannot be told meets any.
+            if ANY_TABLE in self._recent or ANY_TABLE in tables:
+                return bool(self._recent)
             return not self._recent.keys().isdisjoint(tables)
 
     # Writes

@@ -387,8 +387,9 @@ class UnitOfWork:
                 if position:
                     self._pin_position(position)
                 else:  # no causal reads: the time pin, if any
-                    if not self._all_tables:
-                        self.router.wrote(self._tables)
+                    self.router.wrote(
+                        None if self._all_tables else self._tables
+                    )
                     self._pin()
         finally:
             self._finish()

@@ -273,6 +273,8 @@ class _Work:
                 if position:
                     router.wrote(self.tables, position)
                     _pin_client(router, position)
+                else:  # dbtune.pin_after_write: reads to the writer
+                    router.wrote(self.tables)
         finally:
             if self.holds_slot:
                 self.holds_slot = False
