@@ -163,6 +163,38 @@ def test_a_mariadb_url_reads_lag_and_positions(mysql_url, apps):
     assert uncached(app) == 90 and reader.reads == 1
 
 
+def test_a_lag_that_cannot_be_read_is_said_and_its_position_read(
+    mysql_url, apps, caplog
+):
+    # A reader's user that may not see replication's status (MariaDB's
+    # SLAVE MONITOR): the first look says so, once; its position is read
+    # all the same, for causal reads.
+    user = f'rv_lagless_{threading.get_ident() % 10**6}'
+    admin = sa.create_engine(mysql_url, poolclass=sa.pool.NullPool)
+    database = sa.engine.make_url(mysql_url).database
+    with admin.begin() as connection:
+        connection.exec_driver_sql(f"CREATE USER '{user}'@'127.0.0.1'")
+        connection.exec_driver_sql(
+            f"GRANT SELECT ON `{database}`.* TO '{user}'@'127.0.0.1'"
+        )
+    try:
+        reader_url = mysql_url.replace('root@', f'{user}@', 1)
+        app = apps(mysql_url, [NOW], {'dbtune.read_urls': reader_url})
+        router = app.app.registry.dbtune.router
+        (reader,) = router.readers
+        until(lambda: reader.position is not None)
+        time.sleep(EVERY * 3)  # three more looks, none said
+        assert reader.lag is None
+        said = caplog.text.count('cannot read the lag of')
+        assert said == 1, caplog.text
+        assert 'SLAVE MONITOR' in caplog.text
+        assert uncached(app) == 90 and reader.reads == 1
+    finally:
+        with admin.begin() as connection:
+            connection.exec_driver_sql(f"DROP USER '{user}'@'127.0.0.1'")
+        admin.dispose()
+
+
 def test_a_fill_of_tables_not_told_waits_for_every_write(mysql_url, apps):
     # Causal reads: after this process committed a write (at a position
     # no replica has replayed), a cache fill of a read whose tables cannot

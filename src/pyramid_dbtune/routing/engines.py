@@ -60,6 +60,8 @@ class ReadEngine:
         #: With causal reads, the log position it has replayed (None: not
         #: known).
         self.position = None
+        #: Whether the last look failed to read one of them (said once).
+        self.unread = False
 
 
 class Router:

@@ -182,21 +182,38 @@ class LagWatch:
                 return
 
     def look(self, reader):
-        """Read ``reader``'s lag now; None where it cannot be read."""
+        """Read ``reader``'s lag, and its position, now; None for each
+        that cannot be read (a lag that can be read while the position
+        cannot, or the other way round, is kept). Said once, until both
+        are read again."""
+        failed = []
         try:
             with reader.engine.connect() as connection:
-                reader.lag = lag_of(connection)
+                reader.lag = _read(connection, lag_of, failed)
                 if self.positions:
-                    reader.position = position_of(connection)
-        except Exception as exc:
-            if reader.lag is not None:
-                log.warning(
-                    'pyramid_dbtune: cannot read the lag of %s (%s: %s)',
-                    reader.name,
-                    exc.__class__.__name__,
-                    exc,
-                )
+                    reader.position = _read(connection, position_of, failed)
+        except Exception as exc:  # no connection
+            failed.append(exc)
             reader.lag = reader.position = None
+        if failed and not reader.unread:
+            log.warning(
+                'pyramid_dbtune: cannot read the %s of %s (%s: %s)',
+                'lag' if reader.lag is None else 'log position',
+                reader.name,
+                failed[0].__class__.__name__,
+                failed[0],
+            )
+        reader.unread = bool(failed)
+
+
+def _read(connection, read, failed):
+    """``read(connection)``, or None and its error added to ``failed``."""
+    try:
+        return read(connection)
+    except Exception as exc:
+        failed.append(exc)
+        connection.rollback()  # PostgreSQL's transaction failed with it
+        return None
 
 
 def sign_pin(position, key):
