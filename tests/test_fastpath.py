@@ -314,6 +314,10 @@ def test_non_ascii_paths_match_as_servers_decode_them():
     app = TestApp(wrap(echo_app, {'/santé': 'bien'}))
     assert app.get('/sant%C3%A9').body == b'bien'
     assert app.get('/sant%C3%A9/').status == '299 Echo'
+    # The setting, read once as settings are, then installed.
+    app, requests, _ = include_only_app('/santé=bien')
+    assert app.get('/sant%C3%A9').body == b'bien'
+    assert requests == []
 
 
 class Logging:

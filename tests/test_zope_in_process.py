@@ -9,6 +9,7 @@ import webtest
 from pyramid.exceptions import ConfigurationError
 
 from pyramid_dbtune import SQLMethod
+from pyramid_dbtune.fastpath import registry_of
 from pyramid_dbtune.registry import DBTune
 from pyramid_dbtune.settings import parse
 from pyramid_dbtune.zope.connection import Database, quote
@@ -73,6 +74,13 @@ def test_the_probes_alone_keep_zopes_requests_off_pyramid():
     assert zope.seen == []
     assert app.get('/page').text == 'published'
     assert 'bfg.routes.route' not in zope.seen[0]
+    # gunicorn's hooks find the package's objects through it.
+    assert registry_of(app.app).dbtune.settings.probes
+
+
+def test_the_fast_paths_callables_and_hooks_find_the_registry():
+    _, app = filtered(fast_paths='/healthz=OK')
+    assert registry_of(app).dbtune.settings.fast_paths
 
 
 @pytest.mark.parametrize(

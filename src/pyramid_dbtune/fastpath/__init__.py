@@ -113,7 +113,7 @@ def parse_paths(paths):
     ``paths`` is a mapping, or a string of whitespace-separated
     ``/path=answer`` items, where the answer is a body or ``python:`` and a
     dotted name. Paths are written decoded (``/santé``, not ``/sant%C3%A9``)
-    and are kept in WSGI's form, as ``PATH_INFO`` holds them.
+    and kept so: a table read again is the same table.
     """
     if isinstance(paths, str):
         items = []
@@ -141,8 +141,7 @@ def parse_paths(paths):
                 f'fast path {path!r}: write the path decoded, without a '
                 'query string (it is matched against PATH_INFO)'
             )
-        wsgi_path = path.encode('utf-8').decode('latin-1')
-        if wsgi_path in table:
+        if path in table:
             raise FastPathError(f'fast path {path!r} is given twice')
         if isinstance(answer, str) and answer.startswith(CALLABLE_PREFIX):
             answer = _resolve(path, answer[len(CALLABLE_PREFIX) :])
@@ -153,7 +152,7 @@ def parse_paths(paths):
                 f'fast path {path}: the answer must be text, bytes or a '
                 f'callable, not {answer!r}'
             )
-        table[wsgi_path] = answer
+        table[path] = answer
     return table
 
 
@@ -180,8 +179,9 @@ def _responders(
 ):
     if cache_control is None:
         cache_control = DEFAULT_CACHE_CONTROL
+    # Matched against PATH_INFO, which holds the path in WSGI's form.
     return {
-        path: _Dynamic(answer, registry)
+        path.encode('utf-8').decode('latin-1'): _Dynamic(answer, registry)
         if callable(answer)
         else _Static(answer, content_type, cache_control)
         for path, answer in parse_paths(paths).items()
@@ -240,6 +240,8 @@ def wrap(
         return app(environ, start_response)
 
     fastpath.wrapped = app
+    if registry is not None:  # for registry_of, as gunicorn's hooks ask
+        fastpath.registry = registry
     return fastpath
 
 

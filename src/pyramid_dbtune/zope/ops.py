@@ -124,4 +124,7 @@ def _split(app, ops):
             return ops(environ, start_response)
         return app(environ, start_response)
 
+    # What gunicorn's hooks find the package's objects by (registry_of).
+    dbtune_filter.wrapped = app
+    dbtune_filter.registry = ops.registry
     return dbtune_filter
