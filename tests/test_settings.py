@@ -196,8 +196,9 @@ def test_memcached_settings():
         ('dbtune.cache.servers', [], 'host:port items'),
         ('dbtune.cache.servers', 'h:²', 'host:port items'),  # not int()'s
         ('dbtune.cache.servers', 11211, 'host:port items'),  # from Python
-        ('dbtune.cache.namespace', 'a b', 'up to 40 letters'),
-        ('dbtune.cache.namespace', 'x' * 41, 'up to 40 letters'),
+        ('dbtune.cache.namespace', 'a b', 'up to 40 ASCII letters'),
+        ('dbtune.cache.namespace', 'café', 'up to 40 ASCII letters'),
+        ('dbtune.cache.namespace', 'x' * 41, 'up to 40 ASCII letters'),
         ('dbtune.cache.timeout', '0', 'a number of seconds above 0'),
     ],
 )

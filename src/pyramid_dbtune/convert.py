@@ -123,9 +123,10 @@ def as_namespace(value):
     if (
         not text
         or len(text) > 40
+        or not text.isascii()  # memcached's keys are ASCII
         or not all(c.isalnum() or c in '_-.' for c in text)
     ):
-        raise Invalid('up to 40 letters, digits, "_", "-" or "."')
+        raise Invalid('up to 40 ASCII letters, digits, "_", "-" or "."')
     return text
 
 
