@@ -603,9 +603,11 @@ def test_ctrl_c_is_a_line_not_a_traceback(monkeypatch, capsys):
 
 def test_the_sql_probe_alone_of_an_app_without_a_database(serve):
     url = serve(probe_app())
-    status, _, err = run(url, *QUICK, '--probes', 'sql')
-    assert status == 2
-    assert 'no sql probe at' in err and 'has no database (dbtune.url)' in err
+    for asked in ('sql', 'sql,sql'):  # named twice: the same probe
+        status, _, err = run(url, *QUICK, '--probes', asked)
+        assert status == 2
+        assert 'no sql probe at' in err
+        assert 'has no database (dbtune.url)' in err
     # Without the token, no probe answers: the usual message.
     status, _, err = run(url, '--duration', '0.1', '--probes', 'sql')
     assert status == 2 and 'set dbtune.probes = true' in err

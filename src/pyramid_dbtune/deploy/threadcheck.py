@@ -413,7 +413,7 @@ def _probe_list(text):
             f'{text!r} is not valid: expected probes among '
             f'{", ".join(PROBES)}, separated by commas'
         )
-    return tuple(names)
+    return tuple(dict.fromkeys(names))  # each once, in order
 
 
 #: Requests at once, at the most: a thread of this command each.
