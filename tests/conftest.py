@@ -24,6 +24,7 @@ from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
 from webtest import TestApp
 
 from pyramid_dbtune.cache import triggers
+from pyramid_dbtune.routing.lag import NO_POSITION, position_of
 from pyramid_dbtune.routing.touched import ROWS_TOLD
 from servers import MariaDB, PostgreSQL, ServerMissing
 
@@ -623,11 +624,12 @@ def own_postgresql():
     server.remove()
 
 
-@pytest.fixture
+@pytest.fixture(scope='module')
 def streaming(request):
-    """A PostgreSQL primary of the test's own and its streaming standby,
-    started with the test module's ``STANDBY_OPTIONS`` (such as
-    ``recovery_min_apply_delay=2s``, which holds its replay back)."""
+    """A PostgreSQL primary of the test module's own and its streaming
+    standby, started with the module's ``STANDBY_OPTIONS`` (such as
+    ``recovery_min_apply_delay=2s``, which holds its replay back); its
+    tests share them (:func:`replicated` gives each fresh tables)."""
     primary = own(PostgreSQL)
     options = getattr(request.module, 'STANDBY_OPTIONS', ())
     standby = own(PostgreSQL, standby_of=primary, options=options)
@@ -636,11 +638,11 @@ def streaming(request):
     primary.remove()
 
 
-@pytest.fixture
+@pytest.fixture(scope='module')
 def gtid_replication(request):
-    """A MariaDB primary of the test's own and its replica by GTID, which
-    applies the primary's events the test module's ``REPLICA_DELAY``
-    seconds late."""
+    """A MariaDB primary of the test module's own and its replica by GTID,
+    which applies the primary's events the module's ``REPLICA_DELAY``
+    seconds late; its tests share them."""
     primary = own(MariaDB)
     delay = getattr(request.module, 'REPLICA_DELAY', 0)
     replica = own(MariaDB, server_id=2, replica_of=primary, delay=delay)
@@ -656,9 +658,30 @@ def replicated(request):
     (:func:`gtid_replication`)."""
     kind = {'postgresql': 'streaming', 'mariadb': 'gtid_replication'}
     primary, standby = request.getfixturevalue(kind[request.param])
+    if standby.process is None:  # stopped by a test that failed
+        standby.start()
+    engine = sa.create_engine(primary.url, poolclass=sa.pool.NullPool)
+    with engine.begin() as connection:
+        connection.exec_driver_sql('DROP TABLE IF EXISTS property, area')
+    engine.dispose()
     create_tables(primary.url)
-    until(lambda: rent_on(standby.url) == 90)
+    written = position_on(primary.url)
+    until(lambda: (position_on(standby.url) or NO_POSITION).covers(written))
     return primary, standby
+
+
+def position_on(url):
+    """The log position the database of ``url`` has written (a primary)
+    or replayed (a standby) now; None while it cannot tell (a replica
+    that has yet to make the database)."""
+    engine = sa.create_engine(url, poolclass=sa.pool.NullPool)
+    try:
+        with engine.connect() as connection:
+            return position_of(connection)
+    except sa.exc.OperationalError:
+        return None
+    finally:
+        engine.dispose()
 
 
 def until(check, seconds=20):
