@@ -12,9 +12,11 @@ import base64
 import http.cookies
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import urllib.error
 import urllib.parse
 import urllib.request
@@ -36,6 +38,16 @@ SETUP = Path(__file__).parent / 'zope_setup.py'
 #: Where the tests' own Zope product, ``zope_app``, is found.
 PRODUCTS = Path(__file__).parent / 'zope_app'
 AUTH = 'Basic ' + base64.b64encode(b'admin:admin').decode()
+#: The ZODB that SETUP made, by what the site was made with.
+SETUPS = {}
+
+
+@pytest.fixture(scope='module', autouse=True)
+def setups():
+    yield
+    for data in SETUPS.values():
+        shutil.rmtree(data.parent, ignore_errors=True)
+    SETUPS.clear()
 
 
 def command(script, *args):
@@ -57,6 +69,8 @@ class ZopeSite:
     ):
         self.dir = directory
         self.url = (ini or settings).get('dbtune.url', '')
+        #: What SETUP's run depends on: the same, the same Data.fs.
+        self.key = repr((settings, fast_paths, zcml, ini))
         subprocess.run(
             [str(BIN / 'mkwsgiinstance'), '-d', str(directory),
              '-u', 'admin:admin'],
@@ -96,13 +110,22 @@ class ZopeSite:
         self.process = None
 
     def setup(self):
-        """Run :data:`SETUP` in the site; how it ended."""
-        etc = self.dir / 'etc'
-        return subprocess.run(
+        """Run :data:`SETUP` in the site; how it ended. Once for a site
+        made alike: after that, the ZODB it made is copied."""
+        etc, data = self.dir / 'etc', self.dir / 'var' / 'Data.fs'
+        made = SETUPS.get(self.key)
+        if made is not None:
+            shutil.copyfile(made, data)
+            return subprocess.CompletedProcess([], 0, '', '')
+        done = subprocess.run(
             command('zconsole', 'run', str(etc / 'zope.conf'), str(SETUP)),
             cwd=ROOT, capture_output=True, text=True,
             env={**self.env, 'DBTUNE_ZOPE_OTHER_URL': self.url},
         )  # fmt: skip
+        if done.returncode == 0:
+            SETUPS[self.key] = Path(tempfile.mkdtemp()) / 'Data.fs'
+            shutil.copyfile(data, SETUPS[self.key])
+        return done
 
     @property
     def env(self):
@@ -161,28 +184,43 @@ class ZopeSite:
             self.process.wait(30)
 
 
-@pytest.fixture
-def database():
-    """A PostgreSQL server of the test's own that counts its statements,
-    with the test's tables and a role ``reader`` that may read them."""
-    server = own(
+@pytest.fixture(scope='module')
+def server():
+    """A PostgreSQL server of the module's own that counts its statements,
+    with a role ``reader``."""
+    made = own(
         PostgreSQL, options=['shared_preload_libraries=pg_stat_statements']
     )
+    engine = sa.create_engine(made.url, poolclass=sa.pool.NullPool)
+    with engine.begin() as connection:
+        connection.exec_driver_sql('CREATE EXTENSION pg_stat_statements')
+        connection.exec_driver_sql('CREATE ROLE reader LOGIN')
+    engine.dispose()
+    yield made
+    made.remove()
+
+
+@pytest.fixture
+def database(server):
+    """The module's server, with the test's tables, which ``reader`` may
+    read, and no statement counted yet."""
+    engine = sa.create_engine(server.url, poolclass=sa.pool.NullPool)
+    with engine.begin() as connection:
+        connection.exec_driver_sql(
+            'DROP TABLE IF EXISTS property, area, once CASCADE'
+        )
     create_tables(server.url)
-    engine = sa.create_engine(server.url)
     with engine.begin() as connection:
         for statement in (
-            'CREATE EXTENSION pg_stat_statements',
             # A second row of a value fails at commit, not at the insert.
             'CREATE TABLE once (x INTEGER UNIQUE DEFERRABLE INITIALLY '
             'DEFERRED)',
-            'CREATE ROLE reader LOGIN',
             'GRANT SELECT ON ALL TABLES IN SCHEMA public TO reader',
+            'SELECT pg_stat_statements_reset()',
         ):
             connection.exec_driver_sql(statement)
     engine.dispose()
-    yield server
-    server.remove()
+    return server
 
 
 def run_by(server, beginning):
