@@ -352,6 +352,18 @@ def test_a_row_is_patched_in_as_the_driver_gave_its_columns():
     assert patch(shape, dated, {}, [], [{**image, 'rent': 'x'}], 0) is None
     # NULLs are ordered first or last, as the database pleases.
     assert patch(shape, dated, {}, [], [{**image, 'id': None}], 0) is None
+    # JSON, whose numbers the image holds as Decimals, the driver as
+    # floats; a time with a zone, in the writer's zone, not the reader's.
+    utc = datetime.datetime(2026, 1, 1, tzinfo=datetime.timezone.utc)
+    for held, told in (
+        ({'score': 3.5}, {'score': Decimal('3.5')}),
+        ([1.5], [Decimal('1.5')]),
+        (utc, '2026-09-01T12:00:00+01:00'),
+    ):
+        other = Rows(('id', 'rent', 'when'), [(1, 80, held)])
+        assert (
+            patch(shape, other, {}, [], [{**image, 'when': told}], 0) is None
+        )
 
 
 def test_a_row_ordered_by_a_collation_is_not_placed():

@@ -78,6 +78,9 @@ def _types(rows):
 
 def _as(value, kind):
     """``value`` of a row image as the driver gave the column's values."""
+    if kind in (dict, list):
+        # JSON: the image's numbers are Decimals, the driver's floats.
+        raise _Unsure
     if value is None or type(value) is kind:
         return value
     if kind is None:
@@ -89,7 +92,11 @@ def _as(value, kind):
             raise _Unsure
         return int(value)
     if kind in (datetime.date, datetime.datetime) and isinstance(value, str):
-        return kind.fromisoformat(value)
+        value = kind.fromisoformat(value)
+        if getattr(value, 'tzinfo', None) is not None:
+            # In the writer's time zone; the driver gives the reader's.
+            raise _Unsure
+        return value
     raise _Unsure
 
 
