@@ -21,6 +21,7 @@ from pyramid_dbtune.sql.conditions import (
     value_tag,
     write_shape,
 )
+from pyramid_dbtune.sql.shapes import compare
 
 from conftest import (
     AREAS,
@@ -379,6 +380,31 @@ def test_equal_values_have_one_tag_and_others_none():
     for value in (None, True, 1.5, b'x', [1], 'x' * 201, '5 rooms', '5.0',
                   '.5', 0, '0', ' ', ''):  # fmt: skip
         assert value_tag('t', 'a', value) is None
+
+
+#: Strings that MariaDB's collations find equal (utf8mb4's default, its
+#: unicode_ci, and unicode_520_ci, which compares as MySQL 8's default),
+#: though they differ once case and accents are folded.
+EQUAL_IN_MARIADB = [
+    ('Straße', 'Strase', 'utf8mb4_general_ci'),
+    ('Œuvre', 'OEuvre', 'utf8mb4_unicode_ci'),
+    ('Søren', 'Soren', 'utf8mb4_unicode_520_ci'),
+    ('Æsir', 'AEsir', 'utf8mb4_unicode_520_ci'),
+    ('Łódź', 'Lodz', 'utf8mb4_unicode_520_ci'),
+]
+
+
+def test_strings_a_collation_may_find_equal_have_no_tag(mysql_url):
+    engine = sa.create_engine(mysql_url, poolclass=sa.pool.NullPool)
+    with engine.connect() as connection:
+        for a, b, collation in EQUAL_IN_MARIADB:
+            equal = connection.exec_driver_sql(
+                f"SELECT _utf8mb4'{a}' = _utf8mb4'{b}' COLLATE {collation}"
+            ).scalar()
+            assert equal == 1, (a, b, collation)
+            assert value_tag('t', 'a', a) is None, a
+            assert compare(a, b) is None, (a, b)
+    engine.dispose()
 
 
 def race_another_writer(app, path, url, ready, go):

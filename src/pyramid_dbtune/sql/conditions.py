@@ -51,7 +51,8 @@ def value_tag(table, column, value):
 
     Values a database may find equal have one tag: ``'05'`` and ``5``;
     strings whatever their case, accents and the spaces around them (as
-    MySQL's ``_ci`` collations compare them). As MySQL compares a string
+    MySQL's ``_ci`` collations compare them); a string that is not ASCII
+    once its accents are taken off has none. As MySQL compares a string
     with a number by the number it begins with, or 0, neither 0 nor a
     string that begins like a number (``'5.0'``, ``'5 rooms'``) has one.
     Equal values must never have two tags (a write would miss a read's
@@ -72,8 +73,12 @@ def _tag(table, column, value):
         if not _INTEGER.match(text):
             if not text or _NUMBER_LIKE.match(text):
                 return None  # MySQL may read it as a number, or as 0
-            text = unicodedata.normalize('NFKD', text)
-            return f'{table}.{column}={_ACCENTS.sub("", text).casefold()!r}'
+            text = _ACCENTS.sub('', unicodedata.normalize('NFKD', text))
+            if not text.isascii():
+                # MySQL's collations find more equal than folding tells:
+                # 'ß' and 's', 'Æ' and 'AE', 'ø' and 'o'.
+                return None
+            return f'{table}.{column}={text.casefold()!r}'
         value = text
     value = int(value)
     if not value:

@@ -261,9 +261,15 @@ def _compare(a, b):
         return 0
     if _DIGIT.sub('0', a) == _DIGIT.sub('0', b) and _ORDERED.match(a):
         return (a > b) - (a < b)
-    if _DIGIT.search(a) or _DIGIT.search(b) or _folded(a) == _folded(b):
-        # Equal where a collation ignores case, accents or spaces, or
-        # where they are a date or a time written two ways.
+    if (
+        _DIGIT.search(a)
+        or _DIGIT.search(b)
+        or _folded(a) == _folded(b)
+        or not (_unaccented(a).isascii() and _unaccented(b).isascii())
+    ):
+        # Equal where a collation ignores case, accents or spaces (or
+        # takes 'ß' for 's', 'Æ' for 'AE'), or where they are a date or
+        # a time written two ways.
         return None
     return UNEQUAL
 
@@ -296,10 +302,13 @@ def _comparable(value):
 
 
 def _folded(text):
+    return _unaccented(text.strip()).casefold()
+
+
+def _unaccented(text):
     import unicodedata
 
-    text = unicodedata.normalize('NFKD', text.strip())
-    return _ACCENTS.sub('', text).casefold()
+    return _ACCENTS.sub('', unicodedata.normalize('NFKD', text))
 
 
 def _holds(op, order):
