@@ -337,6 +337,14 @@ def test_sqltest_one_many_none():
     with pytest.raises(ValueError, match="'a' takes one value, not a list"):
         single.bind({'a': ['x', 'y']})
     assert render(single, a='')[1] == {'a': ''}
+    # None is no value, not the text 'None'.
+    optional = zsql('SELECT 1 WHERE <dtml-sqltest a type=string optional>')
+    assert render(optional, a=None) == ('SELECT 1 WHERE', {})
+    with pytest.raises(ValueError, match="'a' was given no value"):
+        single.bind({'a': None})
+    # Bytes that are not UTF-8: the argument named.
+    with pytest.raises(ValueError, match="'a' is not UTF-8 text"):
+        single.bind({'a': b'\xff'})
 
 
 def test_sqlgroup_joins_what_is_given():
@@ -769,3 +777,7 @@ def test_numbers_decimals_and_sets():
     assert tests.bind({'a': {3, 1, '2'} - {'2'} | {2}})[1] == {'a': [1, 2, 3]}
     with pytest.raises(ValueError, match='must be an integer'):
         tests.bind({'a': {1, 'x'}})
+    # No column holds NaN and the infinities in every database.
+    for value in ('nan', float('inf'), '-inf', decimal.Decimal('NaN')):
+        with pytest.raises(ValueError, match='must be a number, not'):
+            floats.bind({'a': value})

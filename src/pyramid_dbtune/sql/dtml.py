@@ -3,6 +3,7 @@ parameter (``sqlvar``, ``sqltest``, ``sqlgroup``, ``if``), and how a value
 is converted to its type."""
 
 import decimal
+import math
 import re
 
 from . import analysis
@@ -124,9 +125,11 @@ def _number(kind, value):
         return None
     try:
         # + 0 binds -0.0 as 0.0: the two are equal in a cache key.
-        return number(value) + 0
+        value = number(value) + 0
     except (ValueError, OverflowError):  # 'x', inf for an int
         return None
+    # NaN and infinities: no database column holds them all.
+    return value if math.isfinite(value) else None
 
 
 def _convert(render, arg, kind, value):
@@ -139,7 +142,10 @@ def _convert(render, arg, kind, value):
             )
         return number
     if isinstance(value, bytes):
-        value = value.decode('utf-8')
+        try:
+            value = value.decode('utf-8')
+        except UnicodeDecodeError:
+            render.fail(ValueError, arg, f'is not UTF-8 text: {value!r}')
     if not isinstance(value, str):
         if not isinstance(value, _SCALARS):
             render.fail(ValueError, arg, f'cannot be bound: {value!r}')
@@ -217,11 +223,12 @@ class SQLTest:
         values = _items(value)
         if len(values) > 1 and not self.multiple:
             r.fail(ValueError, self.arg, 'takes one value, not a list')
-        # As Zope did: a blank string is no value, but for type=string.
+        # As Zope did: a blank string is no value, but for type=string;
+        # None is none (as <dtml-sqlvar> takes it for NULL, not 'None').
         values = [
             _convert(r, self.arg, self.kind, v)
             for v in values
-            if self.kind == 'string' or not _blank(v)
+            if v is not None and (self.kind == 'string' or not _blank(v))
         ]
         if not values:
             if self.optional:
