@@ -195,3 +195,23 @@ def test_zsqls_strings_are_one_literal_in_every_database(server_url):
     finally:
         transaction.abort()
         dbtune.close()
+
+
+def test_zope_confs_names_are_lower_cased_and_still_name_methods(sqlite_url):
+    # ZConfig gives zope.conf's keys lower-cased: an override names a
+    # method of the Zope side whatever its case, and Pyramid's exactly.
+    settings = parse(
+        {
+            'dbtune.url': sqlite_url,
+            'dbtune.cache_time.getrent': '7',
+            'dbtune.invalidate.getrent': 'false',
+        }
+    )
+    for folded, cache_time in ((True, 7), (False, 0)):
+        dbtune = DBTune(settings)
+        dbtune.folded = folded
+        dbtune.register(SQLMethod('getRent', GET, cache_time=0))
+        registered = dbtune.methods['getRent']
+        assert registered.cache_time == cache_time
+        assert (registered.invalidated_by == frozenset()) is folded
+        dbtune.close()

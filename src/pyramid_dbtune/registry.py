@@ -126,6 +126,10 @@ class DBTune:
         #: with ``dbtune.cache.listen``, the thread that hears of changes
         #: (:class:`~pyramid_dbtune.cache.changes.Listener`)
         self.listener = None
+        #: True where the settings' names came lower-cased (``zope.conf``):
+        #: ``dbtune.cache_time.<name>`` then names a method whatever its
+        #: case.
+        self.folded = False
 
     def close(self):
         """Stop the listener, and close the engines' connections."""
@@ -157,11 +161,17 @@ class DBTune:
 
     def cache_time(self, method):
         """The seconds ``method``'s rows are kept, settings applied."""
-        if method.name in self.settings.cache_times:
-            return self.settings.cache_times[method.name]
+        cache_time = self._override(self.settings.cache_times, method)
+        if cache_time is not None:
+            return cache_time
         if method.cache_time is None:
             return self.settings.cache_default_time
         return method.cache_time
+
+    def _override(self, overrides, method):
+        if method.name in overrides or not self.folded:
+            return overrides.get(method.name)
+        return overrides.get(method.name.lower())
 
     def register(self, method):
         if self.router is None:
@@ -192,7 +202,7 @@ class DBTune:
             [method.name, str(method.max_rows), self.router.key, method.sql]
         )
         invalidated_by = method.invalidated_by
-        invalidate = self.settings.invalidates.get(method.name)
+        invalidate = self._override(self.settings.invalidates, method)
         if invalidate is not None:
             if method.writes:
                 raise ConfigurationError(

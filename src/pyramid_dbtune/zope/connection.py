@@ -49,7 +49,7 @@ def database():
     with the SQL methods ZCML registered."""
     with _made:
         if _database is None:
-            _make(parse(_section() or {}))
+            _make(parse(_section() or {}), folded=True)
         while _pending:
             _database.dbtune.register(_pending.pop(0))
         return _database
@@ -89,7 +89,7 @@ def _section():
     return sections.get(PRODUCT)
 
 
-def _make(settings):
+def _make(settings, folded=False):
     global _database
     if settings.url is None:
         raise ConfigurationError(
@@ -98,6 +98,8 @@ def _make(settings):
             "the WSGI pipeline's dbtune filter"
         )
     dbtune = DBTune(settings)
+    # ZConfig gives zope.conf's keys lower-cased.
+    dbtune.folded = folded
     if settings.cache_listen:
         # Writes made anywhere (see "Writes made anywhere").
         from ..cache import changes
