@@ -1,6 +1,7 @@
 """Read/write splitting with real threads on real servers: reads in
 parallel, writes serialised, read-your-writes, failover, retries, pins."""
 
+import contextlib
 import gc
 import logging
 import os
@@ -28,6 +29,7 @@ from pyramid_dbtune.routing.work import PIN_COOKIE
 from conftest import (
     POSTGRESQL_URL,
     Property,
+    Proxy,
     call,
     create_tables,
     make_app,
@@ -824,6 +826,38 @@ def test_dbsession_reads_from_the_writer_while_readers_are_down(
     assert app.get('/view').json == 90
     assert log.count('FROM property', engine='writer') == 1
     router.dispose()
+
+
+def test_dbsession_reads_bring_a_reader_back(postgresql_url, caplog):
+    # An app that reads through request.dbsession alone: a reader that
+    # failed is said to be back once it connects again, and its back-off
+    # starts over.
+    def view(request):
+        return request.dbsession.get(Property, 1).rent
+
+    url = sa.engine.make_url(postgresql_url)
+    proxy = Proxy(url.port or 5432)
+    proxied = url.set(port=proxy.port).render_as_string(hide_password=False)
+    app = session_app(
+        postgresql_url, view, settings={'dbtune.read_urls': proxied}
+    )
+    router = app.app.registry.dbtune.router
+    (reader,) = router.readers
+    try:
+        for outage in range(2):
+            proxy.mangle = lambda data: []  # every answer: hung up
+            with contextlib.suppress(sa.exc.OperationalError):
+                app.get('/view')  # fails on the reader (or is retried)
+            assert reader.backoff == 1.0, outage
+            proxy.mangle = None
+            reader.down_until = 0  # its back-off over
+            with caplog.at_level(logging.WARNING, 'pyramid_dbtune'):
+                assert app.get('/view').json == 90
+            assert reader.backoff == 0
+        assert caplog.text.count('is back') == 2
+    finally:
+        router.dispose()
+        proxy.cut()
 
 
 # What a review of the routing found; each was once broken.

@@ -97,6 +97,13 @@ class Router:
                 'handle_error',
                 functools.partial(self._reader_error, reader),
             )
+            # A connection made: it is up again, whatever reads through
+            # it (request.dbsession's never pass read()).
+            event.listen(
+                reader.engine,
+                'connect',
+                lambda *_, reader=reader: self._up(reader),
+            )
         self._turn = itertools.count()
         self.replicas = settings.read_urls is not None
         self.dialect = self.writer.dialect.name
