@@ -14,9 +14,10 @@ from webtest import TestApp
 
 from pyramid_dbtune.ops.metrics import database_figures
 from pyramid_dbtune.routing.lag import EVERY, Position
+from pyramid_dbtune.routing.work import PIN_COOKIE
 from pyramid_dbtune.settings import parse
 
-from conftest import GET, call, until
+from conftest import GET, SET_RENT, call, until
 
 #: Every replica applies a commit 2 s after it: behind by that, at least.
 STANDBY_OPTIONS = ['recovery_min_apply_delay=2s']
@@ -208,3 +209,32 @@ def test_a_fill_of_tables_not_told_waits_for_every_write(mysql_url, apps):
     for tables, writer_reads in ((['area'], 0), (['property'], 1), (['*'], 2)):
         router.read(select, {}, 0, frozenset(tables), fill=True)
         assert router.writer_reads == writer_reads, tables
+
+
+def test_rows_filled_from_the_writer_are_not_served_to_a_later_pin(
+    replicated, apps
+):
+    # Two processes' apps, their readers down: the first fills its cache
+    # from the writer; a write through the second pins its client, whose
+    # read through the first must not be given the rows read before.
+    primary, _ = replicated
+    get = {**GET, 'name': 'get', 'cache_time': 60}
+    settings = {'dbtune.read_urls': primary.url}
+    filler, writer = (
+        apps(primary.url, [get, SET_RENT], settings, tables=False)
+        for _ in range(2)
+    )
+    for app in (filler, writer):
+        (reader,) = app.app.registry.dbtune.router.readers
+        reader.down_until = float('inf')  # as after a failed read
+    assert rent_of(call(filler, ('get', {'id': 1}))) == 90
+    call(writer, ('set_rent', {'id': 1, 'rent': 95}))
+    filler.set_cookie(PIN_COOKIE, writer.cookies[PIN_COOKIE])
+    answer = call(filler, ('get', {'id': 1}))
+    assert rent_of(answer) == 95 and answer['cache']['hit'] == 0
+    filler.reset()  # a client without the pin: the cached rows
+    assert rent_of(call(filler, ('get', {'id': 1}))) == 90
+
+
+def rent_of(answer):
+    return answer['results'][0]['rows'][0][2]

@@ -308,6 +308,13 @@ class Router:
         """A read on the writer, made read-only for the read alone."""
         self.writer_reads += 1
         with engine.connect() as connection:
+            # A fill is stamped as a replica's is, with where the writer
+            # was before the read: a client whose pin is later (a commit
+            # since, in another process) is not served it.
+            read_at = None
+            if fill and self.positions:
+                read_at = position_of(connection) or NO_POSITION
+                connection.commit()  # the read's transaction is its own
             if self.dialect == 'postgresql':
                 connection.execution_options(postgresql_readonly=True)
             if self._read_only:
@@ -316,7 +323,7 @@ class Router:
                 snapshot = self._snapshot(connection, fill)
                 return fetch(
                     connection.execute(statement, params), max_rows,
-                    snapshot=snapshot,
+                    read_at, snapshot,
                 )  # fmt: skip
             finally:
                 if self._writable:
