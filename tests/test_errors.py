@@ -18,6 +18,9 @@ from pyramid_dbtune.routing.errors import is_read_only_refusal, is_retryable
         (psycopg.errors.UniqueViolation(), False),
         (pymysql.err.OperationalError(1213, 'Deadlock found'), True),
         (pymysql.err.OperationalError(1205, 'Lock wait timeout'), True),
+        # As PyMySQL 1.1 and later give them, with the server's SQLSTATE.
+        (pymysql.err.OperationalError(1205, 'Lock', sqlstate='HY000'), True),
+        (pymysql.err.IntegrityError(1062, 'Dup', sqlstate='23000'), False),
         (pymysql.err.IntegrityError(1062, 'Duplicate entry'), False),
         (sqlite3.OperationalError('database is locked'), False),
         (Exception(), False),

@@ -58,8 +58,10 @@ def _dialect_of(orig):
 def is_retryable(orig):
     """Whether a driver error is a serialisation failure or a deadlock."""
     sqlstate, number = _codes(orig)
-    if sqlstate is not None:
-        return sqlstate in RETRYABLE_SQLSTATES
+    if sqlstate in RETRYABLE_SQLSTATES:
+        return True
+    # MySQL's lock wait timeout is no SQLSTATE of its own (HY000, which
+    # PyMySQL 1.1 and later tell): its number says it.
     if number is None:
         return False
     if _dialect_of(orig) in ('cx_Oracle', 'oracledb'):
