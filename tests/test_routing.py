@@ -1434,5 +1434,28 @@ def test_a_time_limit_the_url_names_wins():
     options = 'postgresql+psycopg://u@h/d?options=-cstatement_timeout%3D9'
     assert connect_args(options, 0, 30) == {}
     assert connect_args('mysql+pymysql://u@h/d?read_timeout=9', 0, 30) == {
-        'write_timeout': 30.0
+        'write_timeout': 30.0,
+        'init_command': 'SET SESSION innodb_lock_wait_timeout = 8',
     }
+    commanded = 'mysql+pymysql://u@h/d?init_command=SET%20a%3D1'
+    assert 'init_command' not in connect_args(commanded, 0, 30)
+
+
+def test_a_write_waiting_for_a_lock_gives_up_retryably(mysql_url, apps):
+    # dbtune.statement_timeout bounds how long PyMySQL waits for an
+    # answer; InnoDB's wait for a row lock ends first, with its error 1205,
+    # which pyramid_retry runs again (a read timeout's 2013 is not).
+    app = apps(mysql_url, [SET_RENT], {'dbtune.statement_timeout': '3'})
+    engine = sa.create_engine(mysql_url, poolclass=sa.pool.NullPool)
+    writer = app.app.registry.dbtune.router.writer
+    with engine.connect() as holder:
+        holder.exec_driver_sql('SELECT rent FROM property FOR UPDATE')
+        with (
+            writer.connect() as connection,
+            pytest.raises(sa.exc.OperationalError) as raised,
+        ):
+            connection.exec_driver_sql('UPDATE property SET rent = 1')
+        assert raised.value.orig.args[0] == 1205
+        assert IRetryableError.providedBy(raised.value)
+        holder.rollback()
+    engine.dispose()
