@@ -100,7 +100,9 @@ TABLE = (
         'Seconds a statement may run (``0``: no bound): PostgreSQL stops it '
         '(its ``statement_timeout``), PyMySQL gives up waiting for its answer '
         "(``read_timeout``, which also bounds the wait for a server's "
-        'greeting). A ``statement_timeout`` the URL names wins.')),
+        "greeting), and InnoDB's wait for a row lock ends a second before "
+        '(``innodb_lock_wait_timeout``, its error retryable). A bound the '
+        'URL names wins.')),
     Setting('pin_after_write', pin_seconds, 0, doc=(
         'With ``dbtune.read_urls``: seconds a client that wrote reads from '
         'the writer (a ``dbtune_pin`` cookie), and that reads of the tables '
