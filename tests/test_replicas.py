@@ -17,7 +17,7 @@ from pyramid_dbtune.routing.lag import EVERY, Position
 from pyramid_dbtune.routing.work import PIN_COOKIE
 from pyramid_dbtune.settings import parse
 
-from conftest import GET, SET_RENT, call, until
+from conftest import GET, SET_RENT, Property, call, until
 
 #: Every replica applies a commit 2 s after it: behind by that, at least.
 STANDBY_OPTIONS = ['recovery_min_apply_delay=2s']
@@ -238,3 +238,26 @@ def test_rows_filled_from_the_writer_are_not_served_to_a_later_pin(
 
 def rent_of(answer):
     return answer['results'][0]['rows'][0][2]
+
+
+def test_a_sessions_reads_after_a_commit_in_the_request_see_it(
+    replicated, apps
+):
+    # A view that commits its write and goes on reading through the
+    # session: those reads see the write, though the replica has yet to.
+    primary, _ = replicated
+
+    def view(request):
+        request.dbsession.get(Property, 1).rent = 96
+        request.tm.commit()
+        request.tm.begin()
+        return request.dbsession.get(Property, 1).rent
+
+    standby = replicated[1]
+    app = apps(
+        primary.url, [], {'dbtune.read_urls': standby.url},
+        tables=False, views={'/view': view},
+    )  # fmt: skip
+    (reader,) = app.app.registry.dbtune.router.readers
+    until(lambda: reader.position is not None)
+    assert app.get('/view').json == 96

@@ -438,6 +438,9 @@ class UnitOfWork:
             self.dirty = False
             self.router.write_slots.release()
             if self._session is not None:
+                # Its reads from now on must see the commit: a reader
+                # that has replayed it, or the writer.
+                self._reader = self.router.reader_engine(self.position)
                 self._session.bind = self._engine()
         self._tables = set()
         self._tags = set()
