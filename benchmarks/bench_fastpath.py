@@ -36,6 +36,7 @@ from common import (
     requests_per_second,
     start_server,
     stop_server,
+    together,
 )
 from fastpath_apps import PATH, VARIANTS, make
 
@@ -124,9 +125,17 @@ def over_http(seconds, rounds):
         best = dict.fromkeys(VARIANTS, 0.0)
         running = {}
         try:
-            for variant in VARIANTS:
-                port = free_port()
-                running[variant] = (serve(server, variant, port), port)
+            ports = [free_port() for _ in VARIANTS]
+            processes = together(
+                [
+                    partial(serve, server, variant, port)
+                    for variant, port in zip(VARIANTS, ports, strict=True)
+                ],
+                stop_server,
+            )
+            running = dict(
+                zip(VARIANTS, zip(processes, ports, strict=True), strict=True)
+            )
             for _ in range(rounds):
                 for variant, (_, port) in running.items():
                     best[variant] = max(

@@ -11,6 +11,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import sqlalchemy as sa
@@ -145,6 +146,21 @@ def stop_server(process, timeout=10):
     with contextlib.suppress(ProcessLookupError):  # nothing was left
         os.killpg(process.pid, signal.SIGKILL)
     process.wait(timeout)
+
+
+def together(starts, stop):
+    """Call ``starts`` (each starts a server, and waits for it) at once:
+    what they return, in order. Where one fails, those that started are
+    given to ``stop``, and its error is raised."""
+    with ThreadPoolExecutor(len(starts)) as pool:
+        futures = [pool.submit(start) for start in starts]
+    failed = [f.exception() for f in futures if f.exception() is not None]
+    if failed:
+        for future in futures:
+            if future.exception() is None:
+                stop(future.result())
+        raise failed[0]
+    return [future.result() for future in futures]
 
 
 def gunicorn_command(port, *args, app='probe_app:app_factory()'):

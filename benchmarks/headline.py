@@ -60,6 +60,7 @@ import tempfile
 import threading
 import time
 import urllib.parse
+from functools import partial
 from pathlib import Path
 
 import sqlalchemy as sa
@@ -74,6 +75,7 @@ from common import (
     start_memcached,
     start_server,
     stop_server,
+    together,
 )
 from headline_apps import ADMIN_TOKEN
 
@@ -674,6 +676,8 @@ class Served:
         for in turn (the ceiling's dict holds every property from its
         start), then the mix."""
         options = self.options
+        if not options.warm:
+            return  # --quick: it runs, cold
         visits = self._wrk(self.walk.name, 32, options.visit)
         asked, spent = visits['requests'], options.visit
         errors = visits['errors']
@@ -783,14 +787,17 @@ def measure(forms, envs, watched, options, wrk):
     slows down or speeds up during the run weighs on every form alike.
     Each form's figures and checks."""
     days = Days()
-    served = []
     # Every form served is stopped, even where stopping another fails.
     with contextlib.ExitStack() as stack:
-        for form in forms:
-            served.append(
-                Served(form, envs[form], watched, days, options, wrk)
-            )
-            stack.callback(served[-1].stop)
+        served = together(
+            [
+                partial(Served, f, envs[f], watched, days, options, wrk)
+                for f in forms
+            ],
+            Served.stop,
+        )
+        for form in served:
+            stack.callback(form.stop)
         for form in served:
             form.warm()
         for concurrency in options.concurrencies:
@@ -1004,7 +1011,7 @@ def main(argv=None):
         # One second a run: the searches' cache time is cut to one second
         # too, so that the checker's rule can fail within the run.
         options.seconds, options.repeat, options.cache_time = 1, 1, 1
-        options.warm = options.visit = 1
+        options.warm = options.visit = 0
         options.rounds = 0
         options.resume = 0
         options.enough = 1

@@ -26,6 +26,7 @@ processes multiply both, up to the cores.
 import argparse
 import sys
 import tempfile
+from functools import partial
 from pathlib import Path
 
 from common import (
@@ -36,6 +37,7 @@ from common import (
     requests_per_second,
     start_server,
     stop_server,
+    together,
 )
 from probe_app import TOKEN
 
@@ -57,10 +59,17 @@ def measure(seconds, rounds):
     best = {page: dict.fromkeys(CONFIGS, 0.0) for page in PAGES}
     running = {}
     try:
-        for name, flags in CONFIGS.items():
-            port = free_port()
-            running[name] = (start_server(gunicorn_command(port, *flags),
-                                          port), port)  # fmt: skip
+        ports = [free_port() for _ in CONFIGS]
+        processes = together(
+            [
+                partial(start_server, gunicorn_command(port, *flags), port)
+                for flags, port in zip(CONFIGS.values(), ports, strict=True)
+            ],
+            stop_server,
+        )
+        running = dict(
+            zip(CONFIGS, zip(processes, ports, strict=True), strict=True)
+        )
         for _ in range(rounds):
             for page, probe in PAGES.items():
                 for name, (_, port) in running.items():
