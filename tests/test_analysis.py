@@ -49,6 +49,13 @@ from pyramid_dbtune.sql.analysis import ANY_TABLE, analyse, in_parameters
         ('SELECT * FROM a, (SELECT x FROM b, c) s, d WHERE z IN '
          '(SELECT 1 FROM e, f) ORDER BY 1, 2', {*'abcdef'}),
         ('SELECT * FROM (VALUES (1, 2), (3, 4)) AS t (a, b), q', {'q'}),
+        ('SELECT * FROM ((SELECT x FROM b)) s, q', {'b', 'q'}),
+        ('SELECT * FROM (a x LEFT JOIN b ON 1 = 1)', {'a', 'b'}),
+        ('SELECT * FROM (a TABLESAMPLE SYSTEM (1) JOIN b ON 1 = 1)',
+         {ANY_TABLE}),
+        # A FROM of no table, in EXTRACT, SUBSTRING, TRIM.
+        ('SELECT EXTRACT(EPOCH FROM (now() - p.at)), '
+         "substring(p.a FROM 2), trim(both 'x' FROM p.b) FROM t p", {'t'}),
         ('SELECT a FROM t GROUP BY a, b LIMIT 10, 20', {'t'}),
         # What is double-quoted or backquoted hides a quote or a comment.
         ('SELECT "it\'s" AS x, y FROM a, b WHERE c = \'x\'', {'a', 'b'}),

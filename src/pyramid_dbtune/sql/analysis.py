@@ -30,6 +30,14 @@ _KEYWORDS = frozenset(
     lateral straight_join returning set values lock into tablesample select
     from as with when then else end and or not only default""".split()
 )
+# What may follow the first table of a join in parentheses.
+_JOINS = frozenset(
+    'join inner left right full cross natural straight_join ,'.split()
+)
+# Functions whose arguments hold a FROM of no table.
+_FROM_FUNCTIONS = frozenset(
+    ['extract', 'substring', 'substr', 'trim', 'overlay', 'position']
+)
 # Words that end a FROM clause, at its depth.
 _FROM_ENDS = frozenset(
     """where group having order limit union intersect except window offset
@@ -130,6 +138,21 @@ class _Reader:
             i += 1
         return i
 
+    def _joined(self, i):
+        """Whether the parentheses before ``i`` hold a join (``(a JOIN
+        b ...)``, ``((a AS x JOIN ...))``), not a subquery or an
+        expression: a table, maybe its alias, then JOIN or a comma."""
+        if i >= len(self.words) or not _is_name(self.words[i]):
+            return False
+        if self.at(i) in _KEYWORDS or self.at(i) in _READ_WORDS:
+            return False
+        _, i = self.name(i)
+        if self.at(i) == 'as':
+            i += 2
+        elif self.at(i) not in _KEYWORDS and i < len(self.words):
+            i += _is_name(self.words[i])
+        return self.at(i) in _JOINS
+
     def table_list(self, i, tables):
         """Read ``a [AS] x, b, (subquery) y, f(...) z`` from ``i``.
 
@@ -141,11 +164,18 @@ class _Reader:
             while self.at(i) in ('only', 'lateral'):
                 i += 1
             if self.at(i) == '(':
-                # A subquery: its own FROM is read where it stands. Else a
-                # join in parentheses: its first table is read here, the
-                # others after their JOIN.
-                if self.at(i + 1) not in _READ_WORDS:
+                # A subquery: its own FROM is read where it stands. A join
+                # in parentheses: its first table is read here, the others
+                # after their JOIN. Anything else cannot be told.
+                first = i + 1
+                while self.at(first) == '(':
+                    first += 1
+                if self.at(first) in _READ_WORDS:
+                    pass
+                elif self._joined(first):
                     told = self.table_list(i + 1, tables) and told
+                else:
+                    told = False
                 i = self.skip_parens(i)
             elif i < len(self.words) and _is_name(self.words[i]):
                 name, i = self.name(i)
@@ -191,8 +221,13 @@ def _reads(reader, top_level=False):
     tables = set()
     told = True
     clauses = []  # the depth of each FROM clause this token is in
+    calls = []  # the word before each parenthesis this token is in
     for i, word in enumerate(reader.lower):
         depth = reader.depth[i]
+        if word == '(':
+            calls.append(reader.lower[i - 1] if i else '')
+        elif word == ')' and calls:
+            calls.pop()
         while clauses and (
             depth < clauses[-1]
             or (depth == clauses[-1] and word in _FROM_ENDS)
@@ -200,6 +235,8 @@ def _reads(reader, top_level=False):
             clauses.pop()
         if top_level and depth:
             continue
+        if word == 'from' and calls and calls[-1] in _FROM_FUNCTIONS:
+            continue  # EXTRACT(EPOCH FROM x): no table
         if word in ('from', 'join', 'straight_join') or (
             word == 'using' and reader.at(i + 1) != '('
         ):
