@@ -730,6 +730,10 @@ def test_the_time_pin_meets_tables_that_cannot_be_told(sqlite_url, apps):
     # a read of tables it cannot tell after any write.
     settings = {'dbtune.read_urls': sqlite_url, 'dbtune.pin_after_write': '5'}
     untold = {'name': 'untold', 'sql': 'SELECT 1 AS one', 'writes': True}
+    lock = {  # as SELECT ... FOR UPDATE: a write of no table
+        'name': 'lock', 'sql': 'SELECT 1 AS one', 'writes': True,
+        'tables': [],
+    }  # fmt: skip
     get = {'name': 'get', 'sql': 'SELECT rent FROM property WHERE id = :id'}
     rent = {'name': 'rent', 'sql': 'UPDATE property SET rent = 1 WHERE id = 1'}
     count = {
@@ -743,13 +747,20 @@ def test_the_time_pin_meets_tables_that_cannot_be_told(sqlite_url, apps):
         ('rent', ('count', {})),
     ):
         app = apps(
-            sqlite_url, [untold, get, rent, count], settings, tables=False
-        )
+            sqlite_url, [untold, get, rent, count, lock], settings,
+            tables=False,
+        )  # fmt: skip
         router = app.app.registry.dbtune.router
         call(app, (write, {}))
         app.reset()  # the client's pin cookie: not this test's
         call(app, read)
         assert router.writer_reads == 1, (write, read)
+    # A locking read alone wrote no table: nothing is pinned.
+    app = apps(sqlite_url, [get, lock], settings, tables=False)
+    call(app, ('lock', {}))
+    app.reset()
+    call(app, ('get', {'id': 1}))
+    assert app.app.registry.dbtune.router.writer_reads == 0
 
 
 def test_a_pin_cookie_that_is_no_time_is_no_pin(sqlite_url, apps):

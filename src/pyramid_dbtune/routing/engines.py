@@ -418,9 +418,11 @@ class Router:
         ended; else with replicas and ``dbtune.pin_after_write``, to the
         writer for that long: no cache is filled from a replica that has
         not caught up."""
+        # None: which, unknown; none (a locking read alone): no table.
+        tables = [ANY_TABLE] if tables is None else tables
         if position is not None:
             with self._lock:
-                for table in tables or [ANY_TABLE]:  # None: which, unknown
+                for table in tables:
                     self._written[table] = position | self._written.get(
                         table, NO_POSITION
                     )
@@ -429,7 +431,7 @@ class Router:
             return
         until = monotonic() + self.settings.pin_after_write
         with self._lock:
-            for table in tables or [ANY_TABLE]:
+            for table in tables:
                 self._recent[table] = until
 
     def _recently_written(self, tables):
