@@ -24,6 +24,7 @@ from webtest import TestApp
 
 from pyramid_dbtune import WriteInReadError, WriteSlotTimeout
 from pyramid_dbtune.routing.errors import is_retryable
+from pyramid_dbtune.routing.lag import EVERY
 from pyramid_dbtune.routing.work import PIN_COOKIE
 
 from conftest import (
@@ -861,6 +862,11 @@ def test_dbsession_reads_bring_a_reader_back(postgresql_url, caplog):
                 app.get('/view')  # fails on the reader (or is retried)
             assert reader.backoff == 1.0, outage
             proxy.mangle = None
+            # The lag watch's looks succeed again: they tell nothing of
+            # reads.
+            time.sleep(3 * EVERY)
+            assert reader.position is not None  # a look that succeeded
+            assert reader.backoff == 1.0, outage
             reader.down_until = 0  # its back-off over
             with caplog.at_level(logging.WARNING, 'pyramid_dbtune'):
                 assert app.get('/view').json == 90

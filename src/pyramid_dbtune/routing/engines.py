@@ -25,7 +25,7 @@ from .connect import READ_ONLY_STATEMENTS, fetch, make_engine, make_read_only
 from .errors import (
     WriteSlotTimeout,
 )
-from .lag import NO_POSITION, LagWatch, position_of
+from .lag import LOOK, NO_POSITION, LagWatch, position_of
 
 log = logging.getLogger(__name__)
 
@@ -97,12 +97,13 @@ class Router:
                 'handle_error',
                 functools.partial(self._reader_error, reader),
             )
-            # A connection made: it is up again, whatever reads through
-            # it (request.dbsession's never pass read()).
+            # A statement answered: it is up again, whatever read it
+            # (request.dbsession's never pass read()); the lag watch's
+            # looks do not count.
             event.listen(
                 reader.engine,
-                'connect',
-                lambda *_, reader=reader: self._up(reader),
+                'after_cursor_execute',
+                functools.partial(self._answered, reader),
             )
         self._turn = itertools.count()
         self.replicas = settings.read_urls is not None
@@ -390,6 +391,10 @@ class Router:
                 reader.name,
                 getattr(exc, 'orig', exc),
             )
+
+    def _answered(self, reader, connection, *_):
+        if reader.backoff and not connection.get_execution_options().get(LOOK):
+            self._up(reader)
 
     def _up(self, reader):
         if reader.backoff:

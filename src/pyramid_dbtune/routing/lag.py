@@ -92,6 +92,9 @@ class Position:
         return Position(numbers)
 
 
+#: The execution option of the lag watch's connections: an answer to
+#: one does not tell that reads are served again.
+LOOK = 'dbtune_lag_look'
 #: No position: every position covers it.
 NO_POSITION = Position()
 
@@ -189,6 +192,7 @@ class LagWatch:
         failed = []
         try:
             with reader.engine.connect() as connection:
+                connection.execution_options(**{LOOK: True})
                 reader.lag = _read(connection, lag_of, failed)
                 if self.positions:
                     reader.position = _read(connection, position_of, failed)
