@@ -129,7 +129,9 @@ def _number(kind, value):
     except (ValueError, OverflowError):  # 'x', inf for an int
         return None
     # NaN and infinities: no database column holds them all.
-    return value if math.isfinite(value) else None
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    return value
 
 
 def _convert(render, arg, kind, value):
@@ -223,12 +225,19 @@ class SQLTest:
         values = _items(value)
         if len(values) > 1 and not self.multiple:
             r.fail(ValueError, self.arg, 'takes one value, not a list')
-        # As Zope did: a blank string is no value, but for type=string;
-        # None is none (as <dtml-sqlvar> takes it for NULL, not 'None').
+        # None is refused: Zope compared with the text 'None', and to
+        # leave the test out would widen the read.
+        if any(v is None for v in values):
+            r.fail(
+                ValueError,
+                self.arg,
+                'is None: to test for NULL, write IS NULL',
+            )
+        # As Zope did: a blank string is no value, but for type=string.
         values = [
             _convert(r, self.arg, self.kind, v)
             for v in values
-            if v is not None and (self.kind == 'string' or not _blank(v))
+            if self.kind == 'string' or not _blank(v)
         ]
         if not values:
             if self.optional:
