@@ -391,6 +391,8 @@ EQUAL_IN_MARIADB = [
     ('Søren', 'Soren', 'utf8mb4_unicode_520_ci'),
     ('Æsir', 'AEsir', 'utf8mb4_unicode_520_ci'),
     ('Łódź', 'Lodz', 'utf8mb4_unicode_520_ci'),
+    ('²', '2', 'utf8mb4_unicode_ci'),
+    ('a\x01b', 'ab', 'utf8mb4_unicode_ci'),
 ]
 
 

@@ -31,6 +31,8 @@ _INTEGER = re.compile(r'[+-]?\d+\Z')
 #: What MySQL reads a number from, comparing a string with one.
 _NUMBER_LIKE = re.compile(r'[+-]?\.?\d')
 #: Unicode's combining marks (accents), once a string is decomposed.
+#: Printable ASCII: what the collations' folding is known for.
+_PRINTABLE = re.compile('[ -~]*\\Z')
 _ACCENTS = re.compile(
     '[\u0300-\u036f\u1ab0-\u1aff\u1dc0-\u1dff\u20d0-\u20ff\ufe20-\ufe2f]'
 )
@@ -51,10 +53,11 @@ def value_tag(table, column, value):
 
     Values a database may find equal have one tag: ``'05'`` and ``5``;
     strings whatever their case, accents and the spaces around them (as
-    MySQL's ``_ci`` collations compare them); a string that is not ASCII
-    once its accents are taken off has none. As MySQL compares a string
-    with a number by the number it begins with, or 0, neither 0 nor a
-    string that begins like a number (``'5.0'``, ``'5 rooms'``) has one.
+    MySQL's ``_ci`` collations compare them); a string that is not
+    printable ASCII once its accents are taken off has none. As MySQL
+    compares a string with a number by the number it begins with, or 0,
+    neither 0 nor a string that begins like a number (``'5.0'``, ``'5
+    rooms'``) has one.
     Equal values must never have two tags (a write would miss a read's
     rows); unequal ones may share one (a read is dropped that need not
     be).
@@ -73,10 +76,11 @@ def _tag(table, column, value):
         if not _INTEGER.match(text):
             if not text or _NUMBER_LIKE.match(text):
                 return None  # MySQL may read it as a number, or as 0
-            text = _ACCENTS.sub('', unicodedata.normalize('NFKD', text))
-            if not text.isascii():
+            text = _unaccented(text)
+            if not _PRINTABLE.match(text):
                 # MySQL's collations find more equal than folding tells:
-                # 'ß' and 's', 'Æ' and 'AE', 'ø' and 'o'.
+                # 'ß' and 's', 'Æ' and 'AE', 'ø' and 'o', '²' and '2', and
+                # they pass over control characters.
                 return None
             return f'{table}.{column}={text.casefold()!r}'
         value = text
@@ -84,6 +88,10 @@ def _tag(table, column, value):
     if not value:
         return None  # MySQL finds 0 equal to every string not a number
     return f'{table}.{column}={value}'
+
+
+def _unaccented(text):
+    return _ACCENTS.sub('', unicodedata.normalize('NFD', text))
 
 
 def _words(sql):

@@ -32,7 +32,14 @@ import re
 from dataclasses import dataclass
 
 from .analysis import _Reader
-from .conditions import _ACCENTS, _split, _where, _words
+from .conditions import (
+    _ACCENTS,
+    _PRINTABLE,
+    _split,
+    _unaccented,
+    _where,
+    _words,
+)
 
 _OPS = {'=', '<>', '!=', '<', '<=', '>', '>='}
 _FLIP = {'<': '>', '<=': '>=', '>': '<', '>=': '<='}
@@ -265,7 +272,10 @@ def _compare(a, b):
         _DIGIT.search(a)
         or _DIGIT.search(b)
         or _folded(a) == _folded(b)
-        or not (_unaccented(a).isascii() and _unaccented(b).isascii())
+        or not (
+            _PRINTABLE.match(_unaccented(a))
+            and _PRINTABLE.match(_unaccented(b))
+        )
     ):
         # Equal where a collation ignores case, accents or spaces (or
         # takes 'ß' for 's', 'Æ' for 'AE'), or where they are a date or
@@ -302,13 +312,10 @@ def _comparable(value):
 
 
 def _folded(text):
-    return _unaccented(text.strip()).casefold()
-
-
-def _unaccented(text):
     import unicodedata
 
-    return _ACCENTS.sub('', unicodedata.normalize('NFKD', text))
+    text = unicodedata.normalize('NFKD', text.strip())
+    return _ACCENTS.sub('', text).casefold()
 
 
 def _holds(op, order):
