@@ -1452,7 +1452,8 @@ def test_a_time_limit_the_url_names_wins():
     assert connect_args(options, 0, 30) == {}
     assert connect_args('mysql+pymysql://u@h/d?read_timeout=9', 0, 30) == {
         'write_timeout': 30.0,
-        'init_command': 'SET SESSION innodb_lock_wait_timeout = 8',
+        'init_command': 'SET SESSION innodb_lock_wait_timeout = '
+        'LEAST(@@GLOBAL.innodb_lock_wait_timeout, 8)',
     }
     commanded = 'mysql+pymysql://u@h/d?init_command=SET%20a%3D1'
     assert 'init_command' not in connect_args(commanded, 0, 30)

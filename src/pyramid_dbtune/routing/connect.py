@@ -77,13 +77,15 @@ def connect_args(url, connect_timeout, statement_timeout=0):
         for name in ('read_timeout', 'write_timeout'):
             if name not in url.query:
                 args[name] = float(statement_timeout)
-        # A write waiting for a row lock gives up before the client does:
-        # InnoDB's error 1205 is retryable, a read timeout's 2013 is not.
+        # A write waiting for a row lock gives up before the client does
+        # (or sooner, as the server says): InnoDB's error 1205 is
+        # retryable, a read timeout's 2013 is not.
         read = float(url.query.get('read_timeout', statement_timeout))
         if 'init_command' not in url.query:
             lock_wait = max(1, math.ceil(read) - 1)
             args['init_command'] = (
-                f'SET SESSION innodb_lock_wait_timeout = {lock_wait}'
+                'SET SESSION innodb_lock_wait_timeout = '
+                f'LEAST(@@GLOBAL.innodb_lock_wait_timeout, {lock_wait})'
             )
     elif statement_timeout and driver in ('psycopg', 'psycopg2'):
         # The server's own limit, added to the URL's options (which the
