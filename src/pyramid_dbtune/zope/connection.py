@@ -380,7 +380,13 @@ class DBTuneConnection(Connection):
         return "pyramid_dbtune's settings"
 
     def sql_quote__(self, v):
-        return quote(v, database().dbtune.router.writer.dialect)
+        writer = database().dbtune.router.writer
+        if writer.dialect.server_version_info is None:
+            # Its dialect reads how the server takes a backslash as it
+            # first connects: before, it can only guess.
+            with writer.connect():
+                pass
+        return quote(v, writer.dialect)
 
 
 InitializeClass(DBTuneConnection)
