@@ -51,6 +51,11 @@ from pyramid_dbtune.sql.analysis import ANY_TABLE, analyse, in_parameters
         ('SELECT * FROM (VALUES (1, 2), (3, 4)) AS t (a, b), q', {'q'}),
         ('SELECT * FROM ((SELECT x FROM b)) s, q', {'b', 'q'}),
         ('SELECT * FROM (a x LEFT JOIN b ON 1 = 1)', {'a', 'b'}),
+        ('SELECT * FROM (a AS x, b) JOIN c ON 1 = 1', {'a', 'b', 'c'}),
+        # Parentheses that hold neither: their tables cannot be told.
+        ('SELECT * FROM (1 + 2) x', {ANY_TABLE}),
+        ('SELECT * FROM (only a JOIN b ON 1 = 1)', {ANY_TABLE}),
+        ('SELECT 1 FROM :t', set()),  # not SQL: no table
         ('SELECT * FROM (a TABLESAMPLE SYSTEM (1) JOIN b ON 1 = 1)',
          {ANY_TABLE}),
         # A FROM of no table, in EXTRACT, SUBSTRING, TRIM.
