@@ -66,13 +66,14 @@ def test_after_200_requests_the_slow_function_is_on_top(app, tmp_path):
                        params={'limit': '1000'}).json  # fmt: skip
 
     # On a busy machine the sampler gets fewer turns: more requests, until
-    # it has enough samples to say (a minute at the most). Two samples of
-    # /other could be one in other_function and one elsewhere: a tie.
+    # it has enough samples to say (a minute at the most). A few samples
+    # of /other could fall elsewhere than other_function (pyramid_tm's
+    # end of the request, on a machine that is busy): twenty, at least.
     deadline = time.monotonic() + 60
     profile = profiled()
     while (
         profile['routes'].get('/slow', {}).get('samples', 0) < 20
-        or profile['routes'].get('/other', {}).get('samples', 0) < 10
+        or profile['routes'].get('/other', {}).get('samples', 0) < 20
     ) and time.monotonic() < deadline:
         drive(app, '/slow', 50)
         drive(app, '/other', 10)
