@@ -50,7 +50,15 @@ class Server:
             stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
             cwd=SERVER.parent,
         )  # fmt: skip
-        self.base = f'http://127.0.0.1:{self.process.stdout.readline()}'
+        self._base = None
+
+    @property
+    def base(self):
+        """Its URL, once it listens (servers made together start so)."""
+        if self._base is None:
+            port = self.process.stdout.readline()
+            self._base = f'http://127.0.0.1:{port}'
+        return self._base
 
     def call(self, name, params, cookie=None):
         """The answer of one call, and the pin the response set."""
@@ -88,6 +96,8 @@ def servers(replicated):
         settings = {'dbtune.read_urls': standby.url, **settings}
         pair = [Server(primary.url, settings, methods) for _ in range(2)]
         made.extend(pair)
+        for server in pair:
+            assert server.base  # both up
         return pair
 
     yield start

@@ -132,13 +132,17 @@ class ZopeSite:
         return {**os.environ, 'PYTHONPATH': str(PRODUCTS)}
 
     def start(self):
+        self.launch()
+        until(self.up, 60)
+
+    def launch(self):
+        """Start Zope's process; :meth:`start` waits for it too."""
         with open(self.dir / 'stderr.log', 'w') as said:
             self.process = subprocess.Popen(
                 command('runwsgi', str(self.dir / 'etc' / 'zope.ini')),
                 cwd=ROOT, stdout=subprocess.DEVNULL, stderr=said,
                 env=self.env,
             )  # fmt: skip
-        until(self.up, 60)
 
     def said(self):
         """What Zope wrote to its standard error."""
@@ -407,7 +411,9 @@ def test_two_zope_processes_share_memcached(database, memcached, tmp_path):
         for made in (one, two):
             done = made.setup()
             assert done.returncode == 0, done.stderr
-            made.start()
+            made.launch()  # the two start together
+        for made in (one, two):
+            until(made.up, 60)
         reads = 'SELECT rent FROM property'
         assert two.get('/show_rent') == (200, '90')
         # The other process's read: from memcached.
@@ -603,7 +609,9 @@ def test_a_client_reads_its_own_writes_from_a_late_standby(
     try:
         for made in (one, two):
             assert made.setup().returncode == 0
-            made.start()
+            made.launch()  # the two start together
+        for made in (one, two):
+            until(made.up, 60)
         assert one.get('/show_rent_now') == (200, '90')
         headers = {}
         assert one.get('/update?rent=95', headers=headers) == (200, 'done')
