@@ -205,6 +205,15 @@ class MariaDB(_OwnServer):
                     ) from exc
                 time.sleep(0.05)
 
+    def delay(self, seconds):
+        """A replica: apply the primary's events ``seconds`` late from
+        now on."""
+        self.execute(
+            'STOP SLAVE',
+            f'CHANGE MASTER TO MASTER_DELAY={seconds}',
+            'START SLAVE',
+        )
+
     def execute(self, *statements):
         url = f'mysql+pymysql://root@127.0.0.1:{self.port}/'
         engine = sa.create_engine(url, poolclass=sa.pool.NullPool)
