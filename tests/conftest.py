@@ -662,17 +662,22 @@ def replicated(request):
         standby.start()
     # MariaDB's delay is set anew: the fresh tables need not wait for it.
     delay = getattr(request.module, 'REPLICA_DELAY', 0)
-    if request.param == 'mariadb' and delay:
+    lifted = request.param == 'mariadb' and delay
+    if lifted:
         standby.delay(0)
-    engine = sa.create_engine(primary.url, poolclass=sa.pool.NullPool)
-    with engine.begin() as connection:
-        connection.exec_driver_sql('DROP TABLE IF EXISTS property, area')
-    engine.dispose()
-    create_tables(primary.url)
-    written = position_on(primary.url)
-    until(lambda: (position_on(standby.url) or NO_POSITION).covers(written))
-    if request.param == 'mariadb' and delay:
-        standby.delay(delay)
+    try:
+        engine = sa.create_engine(primary.url, poolclass=sa.pool.NullPool)
+        with engine.begin() as connection:
+            connection.exec_driver_sql('DROP TABLE IF EXISTS property, area')
+        engine.dispose()
+        create_tables(primary.url)
+        written = position_on(primary.url)
+        until(
+            lambda: (position_on(standby.url) or NO_POSITION).covers(written)
+        )
+    finally:
+        if lifted:  # the module's tests count on it
+            standby.delay(delay)
     return primary, standby
 
 
