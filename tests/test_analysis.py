@@ -105,6 +105,7 @@ def test_reads_and_their_tables(sql, tables):
         ('WITH c AS (SELECT 1) UPDATE a JOIN b ON a.x = b.x SET b.x = 1',
          {'a', 'b'}),
         ('UPDATE a STRAIGHT_JOIN b ON a.x = b.x SET b.y = 1', {'a', 'b'}),
+        ('UPDATE a JOIN b ON (a.x = lower(b.x)) SET b.y = 1', {'a', 'b'}),
         ('UPDATE a SET x = 1, y = 2 FROM b, c WHERE a.i = b.i',
          {'a', 'b', 'c'}),
         ('SELECT * FROM t FOR UPDATE', set()),
@@ -125,7 +126,9 @@ def test_writes_and_their_tables(sql, tables):
      'INSERT INTO', 'INSERT INTO :x', 'UPDATE', 'DELETE FROM',
      'UPDATE f(1) SET a = 1', 'TRUNCATE',
      # MySQL's joins to update, and the tables that refer to a table.
-     'UPDATE (a JOIN b ON a.x = b.x) SET b.x = 1', 'TRUNCATE a CASCADE'],
+     'UPDATE (a JOIN b ON a.x = b.x) SET b.x = 1', 'TRUNCATE a CASCADE',
+     'UPDATE a, (b JOIN c ON 1 = 1) SET c.x = 2',
+     'UPDATE a JOIN (b JOIN c ON b.i = c.i) ON a.i = b.i SET c.x = 2'],
 )  # fmt: skip
 def test_writes_whose_tables_cannot_be_told(sql):
     assert analyse(sql) == (True, None)

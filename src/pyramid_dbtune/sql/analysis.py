@@ -34,6 +34,8 @@ _KEYWORDS = frozenset(
 _JOINS = frozenset(
     'join inner left right full cross natural straight_join ,'.split()
 )
+# Words that end the tables an UPDATE names.
+_UPDATE_ENDS = frozenset(['set', 'where'])
 # Functions whose arguments hold a FROM of no table.
 _FROM_FUNCTIONS = frozenset(
     ['extract', 'substring', 'substr', 'trim', 'overlay', 'position']
@@ -271,8 +273,15 @@ def _targets(reader, starts):
         else:  # update
             while reader.at(j) in ('only', 'low_priority', 'ignore'):
                 j += 1
-            if reader.at(j) == '(':
-                return None  # MySQL's UPDATE (a JOIN b ...) SET
+            # MySQL's UPDATE (a JOIN b ...), UPDATE a, (b JOIN c) SET: the
+            # tables in parentheses change too.
+            k = j
+            while k < len(reader.words) and reader.at(k) not in _UPDATE_ENDS:
+                if reader.at(k) == '(' and (
+                    k == j or reader.at(k - 1) in _JOINS
+                ):
+                    return None
+                k += 1
         if not reader.table_list(j, tables) or j >= len(reader.words):
             return None
     return tables
