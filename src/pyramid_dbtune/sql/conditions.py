@@ -12,7 +12,6 @@ is told, and the table is invalidated as a whole, as before.
 
 import functools
 import re
-import unicodedata
 from dataclasses import dataclass
 
 from .analysis import _LITERAL_BACKSLASH, _LITERAL_STANDARD, _Reader, tokens
@@ -30,9 +29,10 @@ PLAIN = re.compile(r'[a-z_][a-z0-9_]*\Z')
 _INTEGER = re.compile(r'[+-]?\d+\Z')
 #: What MySQL reads a number from, comparing a string with one.
 _NUMBER_LIKE = re.compile(r'[+-]?\.?\d')
-#: Unicode's combining marks (accents), once a string is decomposed.
-#: Printable ASCII: what the collations' folding is known for.
+#: Printable ASCII: the strings whose equality every collation tells
+#: alike, whatever its case.
 _PRINTABLE = re.compile('[ -~]*\\Z')
+#: Unicode's combining marks (accents), once a string is decomposed.
 _ACCENTS = re.compile(
     '[\u0300-\u036f\u1ab0-\u1aff\u1dc0-\u1dff\u20d0-\u20ff\ufe20-\ufe2f]'
 )
@@ -52,9 +52,9 @@ def value_tag(table, column, value):
     :data:`MAX_TAGGED` characters.
 
     Values a database may find equal have one tag: ``'05'`` and ``5``;
-    strings whatever their case, accents and the spaces around them (as
-    MySQL's ``_ci`` collations compare them); a string that is not
-    printable ASCII once its accents are taken off has none. As MySQL
+    strings whatever their case and the spaces around them (as MySQL's
+    ``_ci`` collations compare them); a string that is not printable
+    ASCII (an accent, say) has none. As MySQL
     compares a string with a number by the number it begins with, or 0,
     neither 0 nor a string that begins like a number (``'5.0'``, ``'5
     rooms'``) has one.
@@ -76,11 +76,11 @@ def _tag(table, column, value):
         if not _INTEGER.match(text):
             if not text or _NUMBER_LIKE.match(text):
                 return None  # MySQL may read it as a number, or as 0
-            text = _unaccented(text)
             if not _PRINTABLE.match(text):
-                # MySQL's collations find more equal than folding tells:
-                # 'ß' and 's', 'Æ' and 'AE', 'ø' and 'o', '²' and '2', and
-                # they pass over control characters.
+                # Collations differ on the rest: 'é' is 'e' to most, 'ä'
+                # is 'ae' to german2_ci, 'å' 'aa' to danish_ci; 'ß' is
+                # 's' to general_ci, '²' is '2' to unicode_ci; and they
+                # pass over control characters.
                 return None
             return f'{table}.{column}={text.casefold()!r}'
         value = text
@@ -88,10 +88,6 @@ def _tag(table, column, value):
     if not value:
         return None  # MySQL finds 0 equal to every string not a number
     return f'{table}.{column}={value}'
-
-
-def _unaccented(text):
-    return _ACCENTS.sub('', unicodedata.normalize('NFD', text))
 
 
 def _words(sql):

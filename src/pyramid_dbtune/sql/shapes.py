@@ -36,7 +36,6 @@ from .conditions import (
     _ACCENTS,
     _PRINTABLE,
     _split,
-    _unaccented,
     _where,
     _words,
 )
@@ -272,10 +271,7 @@ def _compare(a, b):
         _DIGIT.search(a)
         or _DIGIT.search(b)
         or _folded(a) == _folded(b)
-        or not (
-            _PRINTABLE.match(_unaccented(a))
-            and _PRINTABLE.match(_unaccented(b))
-        )
+        or not (_PRINTABLE.match(a) and _PRINTABLE.match(b))
     ):
         # Equal where a collation ignores case, accents or spaces (or
         # takes 'ß' for 's', 'Æ' for 'AE'), or where they are a date or
