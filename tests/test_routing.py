@@ -15,6 +15,7 @@ import pytest
 import sqlalchemy as sa
 import transaction
 from pyramid.config import Configurator
+from pyramid.exceptions import ConfigurationError
 from pyramid.request import Request
 from pyramid.response import Response
 from pyramid.scripting import prepare
@@ -1457,6 +1458,19 @@ def test_a_time_limit_the_url_names_wins():
     }
     commanded = 'mysql+pymysql://u@h/d?init_command=SET%20a%3D1'
     assert 'init_command' not in connect_args(commanded, 0, 30)
+
+
+def test_a_time_limit_the_url_names_is_a_number():
+    from pyramid_dbtune.routing.connect import connect_args
+
+    url = 'mysql+pymysql://u:pw@h/d?read_timeout=soon'
+    with pytest.raises(ConfigurationError) as raised:
+        connect_args(url, 0, 30)
+    assert str(raised.value) == (
+        "read_timeout='soon' in the database URL "
+        'mysql+pymysql://u:***@h/d?read_timeout=soon is not a number of '
+        'seconds'
+    )
 
 
 def test_a_write_waiting_for_a_lock_gives_up_retryably(mysql_url, apps):

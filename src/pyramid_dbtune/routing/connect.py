@@ -5,6 +5,7 @@ into :class:`~pyramid_dbtune.sql.rows.Rows`."""
 import functools
 import math
 
+from pyramid.exceptions import ConfigurationError
 from sqlalchemy import create_engine, event
 from sqlalchemy.engine import make_url
 
@@ -80,7 +81,15 @@ def connect_args(url, connect_timeout, statement_timeout=0):
         # A write waiting for a row lock gives up before the client does
         # (or sooner, as the server says): InnoDB's error 1205 is
         # retryable, a read timeout's 2013 is not.
-        read = float(url.query.get('read_timeout', statement_timeout))
+        read = url.query.get('read_timeout', statement_timeout)
+        try:
+            read = float(read)
+        except ValueError:
+            shown = url.render_as_string(hide_password=True)
+            raise ConfigurationError(
+                f'read_timeout={read!r} in the database URL {shown} is not '
+                'a number of seconds'
+            ) from None
         if 'init_command' not in url.query:
             lock_wait = max(1, math.ceil(read) - 1)
             args['init_command'] = (
