@@ -641,7 +641,11 @@ def test_a_transaction_left_open_keeps_its_unit(sqlite_url, apps):
     unit = request.dbtune.unit
     assert [r.rent for r in request.sql.rents()] == [90, 120, 80, 70]
     request._process_finished_callbacks()
-    assert unit.request is request  # for what comes next in it
+    assert unit.request is None  # let go of
+    after = prepare(registry=app.app.registry)['request']
+    after.tm = request.tm
+    # What comes next in the transaction goes on in its unit.
+    assert after.dbtune.unit is unit and unit.request is after
     request.tm.abort()
 
 
@@ -663,7 +667,7 @@ def test_a_request_current_twice_ends_once(sqlite_url, apps):
     finally:
         signal.alarm(0)
         request.tm.abort()
-    assert unit.request is request
+    assert unit.request is None
 
 
 @pytest.mark.parametrize('kind', [ORACLE_LIKE, CX_ORACLE_LIKE])
@@ -1035,6 +1039,43 @@ def test_a_unit_a_subrequest_makes_keeps_the_clients_pin(sqlite_url):
     app.get('/parent')
     assert pinned == [True]
     app.app.registry.dbtune.router.dispose()
+
+
+def test_the_next_request_in_a_transaction_left_open_has_its_own_pin(
+    sqlite_url,
+):
+    # pyramid_tm is off (tm.activate_hook), and the view leaves the
+    # thread's transaction open: the next request on the thread, another
+    # client's, goes on in it, with its client's pin, and the request
+    # before it is let go of.
+    seen = []
+
+    def parent(request):
+        session = request.dbsession
+        on_writer = session.bind is request.dbtune.unit.router.writer
+        seen.append((weakref.ref(request), request.dbtune.unit.pinned))
+        seen.append(on_writer)
+        count = sa.text('SELECT count(*) FROM property')
+        return session.execute(count).scalar()
+
+    settings = {
+        'dbtune.read_urls': sqlite_url,
+        'dbtune.pin_after_write': '5',
+        'tm.activate_hook': lambda request: False,
+    }
+    app = parent_and_child(sqlite_url, parent, blank, **settings)
+    router = app.app.registry.dbtune.router
+    app.set_cookie(PIN_COOKIE, str(int(time.time() + 60)))
+    assert app.get('/parent').json == 4
+    app.reset()  # another client: no pin
+    assert app.get('/parent').json == 4
+    gc.collect()
+    (first, pinned), on_writer = seen[:2]
+    assert (first(), pinned, on_writer) == (None, True, True)
+    (_, pinned), on_writer = seen[2:]
+    assert (pinned, on_writer) == (False, False)
+    transaction.abort()
+    router.dispose()
 
 
 def test_a_subrequests_own_transaction_left_open_is_aborted(

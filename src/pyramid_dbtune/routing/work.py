@@ -99,6 +99,11 @@ class UnitOfWork:
         #: this commit waits for (:meth:`Listener.expect`).
         self._later = frozenset()
         self._token = None
+        self._read_pin(request)
+
+    def _read_pin(self, request):
+        """Pin the unit as the client of ``request`` is pinned."""
+        router = self.router
         # The cookie is read only where a pin can mean something: webob
         # parses every cookie of the request to find it.
         timed = router.replicas and router.settings.pin_after_write
@@ -125,11 +130,26 @@ class UnitOfWork:
         except transaction.interfaces.NoTransaction:
             return cls(request, router, cache)
         try:
-            return txn.data(router)
+            unit = txn.data(router)
         except KeyError:
             unit = cls(request, router, cache)
             unit._join(txn)
             return unit
+        if unit.request is None:
+            # Its request ended and left the transaction open (pyramid_tm
+            # did not manage it): this request, maybe another client's,
+            # goes on in it with its own pin.
+            unit._serve_next(request)
+        return unit
+
+    def _serve_next(self, request):
+        """Serve ``request``, the next in the transaction of a request
+        that ended before it wrote."""
+        self.request = request
+        self.pinned, self.position = False, NO_POSITION
+        self._read_pin(request)
+        if self._session is not None and not request.registry.dbtune.adopts:
+            self.adopt(self._session)  # a reader for its pin
 
     def _join(self, txn):
         """Serve transaction ``txn``: the unit its requests share."""
@@ -173,10 +193,11 @@ class UnitOfWork:
                     self.request = parent
                     self.serve(parent)
                 return
-            if not self.dirty:
-                return  # what comes next in its transaction may use it
-            log.error('a write transaction outlived its request; aborting')
-            txn.abort()
+            # Clean, it lets go of the request: what comes next in the
+            # transaction is served by it (:meth:`of`).
+            if self.dirty:
+                log.error('a write transaction outlived its request; aborting')
+                txn.abort()
         if request.registry.dbtune.adopts:
             self._let_go_of_the_session()
         self.request = None
