@@ -271,13 +271,27 @@ def test_bad_access_settings(key, value, accepted):
         parse({key: value})
 
 
-@pytest.mark.parametrize('key', ['dbtune.stats.token', 'dbtune.cache.secret'])
+@pytest.mark.parametrize(
+    'key', ['dbtune.stats.token', 'dbtune.cache.secret', 'dbtune.pin_secret']
+)
 def test_a_bad_secret_is_not_shown(key):
     with pytest.raises(ConfigurationError) as raised:
         parse({key: 'hunter2-short'})
     message = str(raised.value)
     assert 'hunter2' not in message
     assert f'{key} = (a secret of 13 characters) is not valid' in message
+
+
+def test_secrets_are_not_printed_with_the_settings():
+    secrets = ('stats.token', 'cache.secret', 'pin_secret')
+    settings = parse(
+        {
+            **{f'dbtune.{key}': f'hunter2-{key}' for key in secrets},
+            'dbtune.cache.backend': 'memcached',
+            'dbtune.cache.servers': '127.0.0.1:11211',
+        }
+    )
+    assert 'hunter2' not in repr(settings)
 
 
 @pytest.mark.parametrize(

@@ -248,8 +248,11 @@ PER_METHOD_DOCS = (
     ),
 )
 
-#: Settings whose value is a secret: kept out of :class:`Settings`' repr.
-_HIDDEN = frozenset(['cache.secret', 'stats.token'])
+#: Settings whose value is a secret: kept out of :class:`Settings`' repr,
+#: and out of the errors of a bad one.
+_HIDDEN = frozenset(
+    s.name for s in TABLE if s.convert in (as_secret, as_token)
+)
 
 Settings = make_dataclass(
     'Settings',
@@ -287,7 +290,7 @@ INVALIDATE_PREFIX = 'invalidate.'
 
 
 #: Settings whose value is a secret: an error says its length, never it.
-SECRETS = frozenset(['dbtune.cache.secret', 'dbtune.stats.token'])
+SECRETS = frozenset(PREFIX + name for name in _HIDDEN)
 #: A URL's password, as an error hides it (as SQLAlchemy shows a URL).
 _PASSWORD = re.compile(r'(://[^:/@\s]*:)[^@\s]*@')
 
