@@ -153,6 +153,27 @@ def test_a_session_of_another_database_is_not_adopted(sqlite_url, tmp_path):
     other.dispose()
 
 
+def test_without_a_database_the_apps_session_is_left_alone(tmp_path):
+    # pyramid_dbtune included for what needs no database (a fast path,
+    # Server-Timing): the app's request.dbsession is its own, unrouted.
+    engine = sa.create_engine(f'sqlite:///{tmp_path / "own.sqlite"}')
+    config = Configurator(settings={'dbtune.server_timing': 'true'})
+    config.include('pyramid_dbtune')
+    config.add_request_method(
+        lambda request: sa.orm.Session(bind=engine), 'dbsession', reify=True
+    )
+    config.add_route('home', '/')
+    config.add_view(
+        lambda request: request.dbsession.scalar(sa.text('SELECT 7')),
+        route_name='home',
+        renderer='json',
+    )
+    app = TestApp(config.make_wsgi_app())
+    assert app.get('/').json == 7
+    assert not app.app.registry.dbtune.adopts
+    engine.dispose()
+
+
 def test_a_thread_local_session_is_its_own_again_after_its_request(
     postgresql_url,
 ):

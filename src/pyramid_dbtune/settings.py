@@ -131,7 +131,8 @@ TABLE = (
     Setting('dbsession', as_bool, True, doc=(
         'Whether ``request.dbsession`` is routed: the package\'s own, or the '
         "application's where it adds one (it is adopted). ``false`` leaves "
-        '``request.dbsession`` to the application.')),
+        '``request.dbsession`` to the application, as does a package with '
+        'no database (no ``dbtune.url``).')),
     Setting('retry.backoff', as_seconds, 0.01, doc=(
         'The longest wait before pyramid_retry runs a request again, at '
         'first: each retry of a request waits a random time up to this, '

@@ -192,6 +192,8 @@ def provide(registry):
             'dbtune.dbsession = false to leave it alone'
         )
     if own is not None:
+        if registry.dbtune.router is None:
+            return  # no database of the package's: the session is the app's
         registry.dbtune.adopts = True
     extensions.descriptors['dbsession'] = reify(
         dbsession if own is None else _adopting(own)
