@@ -448,11 +448,39 @@ def test_the_triggers_command_for_named_tables(server_url, tmp_path, capsys):
         (['--url', 'sqlite://', '--tables', 'Property'],
          "'Property' is not a plain table name"),
         (['--url', 'sqlite://', '--tables', 'property'], 'sqlite cannot tell'),
+        (['--url', 'sqlite://', '--tables', 'property', '--sql'],
+         'sqlite cannot tell'),
     ],
 )  # fmt: skip
 def test_the_triggers_command_refuses(arguments, error, capsys):
     assert main(['triggers', *arguments]) == 2
-    assert error in capsys.readouterr().err
+    said = capsys.readouterr()
+    assert error in said.err
+    assert said.out == ''
+
+
+def test_the_triggers_command_needs_the_package_and_a_database(
+    tmp_path, monkeypatch, capsys
+):
+    (tmp_path / 'plain_app.py').write_text(
+        'from pyramid.config import Configurator\n'
+        'def main(global_config, **settings):\n'
+        '    config = Configurator(settings=settings)\n'
+        "    if settings.get('include') == 'yes':\n"
+        "        config.include('pyramid_dbtune')\n"
+        '    return config.make_wsgi_app()\n'
+    )
+    monkeypatch.syspath_prepend(str(tmp_path))
+    for include, error in (
+        ('no', 'does not include pyramid_dbtune'),
+        ('yes', 'has no database: set dbtune.url (or sqlalchemy.url)'),
+    ):
+        path = tmp_path / f'{include}.ini'
+        path.write_text(
+            f'[app:main]\nuse = call:plain_app:main\ninclude = {include}\n'
+        )
+        assert main(['triggers', str(path), '--tables', 'property']) == 2
+        assert f'of {path} {error}' in capsys.readouterr().err
 
 
 def test_the_triggers_command_needs_a_database_that_tells(tmp_path, capsys):

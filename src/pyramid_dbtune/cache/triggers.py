@@ -142,8 +142,13 @@ def trigger_sql(engine, tables, drop=False):
     """The statements that install (or ``drop``) the triggers of
     ``tables`` (table: ``(keys, extra)`` columns, as
     :func:`tables_to_watch` tells them, or a list of keys) on ``engine``'s
-    database."""
+    database. Raises :class:`ValueError` for a database that has none."""
     dialect = engine.dialect.name
+    if dialect not in ('postgresql', 'mysql', 'mariadb'):
+        raise ValueError(
+            f'{dialect} cannot tell the package of writes made outside the '
+            'application: PostgreSQL, MySQL and MariaDB can'
+        )
     statements = []
     for table, columns in tables.items():
         keys, extra = (columns, ()) if isinstance(columns, list) else columns
@@ -196,13 +201,9 @@ def trigger_sql(engine, tables, drop=False):
 def install(engine, tables, drop=False):
     """Install (or ``drop``) the triggers of ``tables``, in one
     transaction where the database allows."""
-    if engine.dialect.name not in ('postgresql', 'mysql', 'mariadb'):
-        raise ValueError(
-            f'{engine.dialect.name} cannot tell the package of writes made '
-            'outside the application: PostgreSQL, MySQL and MariaDB can'
-        )
+    statements = trigger_sql(engine, tables, drop)
     with engine.begin() as connection:
-        for statement in trigger_sql(engine, tables, drop):
+        for statement in statements:
             connection.exec_driver_sql(statement)
 
 

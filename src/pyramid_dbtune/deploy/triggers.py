@@ -60,13 +60,13 @@ def run(args, stdout=None, stderr=None):
     closers = []
     try:
         engine, tables = _what(args, closers)
-        if args.sql:
-            for statement in triggers.trigger_sql(engine, tables, args.drop):
-                stdout.write(statement + ';\n')
-            return 0
         try:
+            if args.sql:
+                statements = triggers.trigger_sql(engine, tables, args.drop)
+                stdout.write(''.join(f'{s};\n' for s in statements))
+                return 0
             triggers.install(engine, tables, args.drop)
-        except ValueError as exc:
+        except ValueError as exc:  # a database that has no triggers
             raise _Refused(str(exc)) from None
         done = 'dropped the triggers of' if args.drop else 'installed on'
         for table, columns in tables.items():
@@ -107,8 +107,18 @@ def _what(args, closers):
 
     env = bootstrap(args.config_uri)
     closers.append(env['closer'])
-    dbtune = env['registry'].dbtune
+    dbtune = getattr(env['registry'], 'dbtune', None)
+    if dbtune is None:
+        raise _Refused(
+            f'the application of {args.config_uri} does not include '
+            'pyramid_dbtune'
+        )
     closers.append(dbtune.close)
+    if dbtune.router is None:
+        raise _Refused(
+            f'the application of {args.config_uri} has no database: set '
+            'dbtune.url (or sqlalchemy.url)'
+        )
     tables = triggers.tables_to_watch(dbtune)
     for table in named:
         tables.setdefault(table, ((), ()))
