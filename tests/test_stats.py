@@ -247,6 +247,18 @@ def test_counters_move_with_hits_misses_and_writes(sqlite_url, apps):
     assert stats_of(app)['requests'] == 8
 
 
+@pytest.mark.parametrize(
+    'count, fraction, rank',
+    [(0, 0.5, None), (1, 0.01, 1), (2, 0.5, 1), (10, 0.5, 5), (10, 0.9, 9),
+     (10, 0.99, 10), (100, 0.07, 7), (100, 0.99, 99), (100, 1, 100),
+     (20, 0.95, 19)],
+)  # fmt: skip
+def test_percentiles_are_of_the_nearest_rank(count, fraction, rank):
+    ordered = [n / 1000 for n in range(1, count + 1)]
+    expected = 0.0 if rank is None else rank / 1000
+    assert stats.percentile(ordered, fraction) == expected
+
+
 def test_failovers_and_write_waits_are_counted(sqlite_url, apps):
     app = apps(sqlite_url, [SEARCH, SET_RENT],
                {**ON, 'dbtune.write_timeout': '5'})  # fmt: skip

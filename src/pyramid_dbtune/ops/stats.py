@@ -37,6 +37,7 @@ The parallelism figures answer "am I threading?":
 """
 
 import contextlib
+import math
 import os
 import threading
 import time
@@ -80,11 +81,13 @@ OTHER_ROUTES = '(other routes)'
 
 
 def percentile(ordered, fraction):
-    """The value below which ``fraction`` of ``ordered`` lies (nearest
-    rank); 0 for no values."""
+    """The least of ``ordered`` that ``fraction`` of them are at or below
+    (nearest rank: the 9th of 10 for 0.9); 0 for no values."""
     if not ordered:
         return 0.0
-    return ordered[min(len(ordered) - 1, int(fraction * len(ordered)))]
+    # Rounded first: 0.07 * 100 is 7.000000000000001, rank 7 all the same.
+    rank = math.ceil(round(fraction * len(ordered), 9))
+    return ordered[max(0, rank - 1)]
 
 
 def route_name(request):
