@@ -24,6 +24,7 @@ from pyramid_dbtune.ops import tween as tweens
 from conftest import (
     SEARCH,
     SET_RENT,
+    Property,
     add_sleep_function,
     call,
     in_a_child,
@@ -257,6 +258,18 @@ def test_percentiles_are_of_the_nearest_rank(count, fraction, rank):
     ordered = [n / 1000 for n in range(1, count + 1)]
     expected = 0.0 if rank is None else rank / 1000
     assert stats.percentile(ordered, fraction) == expected
+
+
+def test_an_orm_flush_alone_is_database_time(sqlite_url, apps):
+    def write(request):
+        request.dbsession.get(Property, 1).rent += 1
+        request.dbsession.flush()
+        return 'written'
+
+    app = apps(sqlite_url, [], ON, views={'/write': write})
+    app.get('/write')
+    route = stats_of(app)['routes']['/write']
+    assert route['queries'] == 0 and route['db_ms'] > 0
 
 
 def test_failovers_and_write_waits_are_counted(sqlite_url, apps):

@@ -188,7 +188,9 @@ class Stats:
                 if response is None or response.status[0] == '5':
                     route.errors.inc()
                 context = state.get('dbtune')
-                if context is not None and context.queries:
+                if context is not None and (
+                    context.queries or context.db_seconds  # a flush: no query
+                ):
                     # Carried into the counters later (carry): a deque's
                     # append is atomic, and costs a tenth of two incs.
                     route.pending.append((context.queries, context.db_seconds))
