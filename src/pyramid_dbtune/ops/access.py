@@ -101,9 +101,11 @@ def guarded(view):
 
     @functools.wraps(view)
     def guarded_view(context, request):
-        request.add_response_callback(_secure)
         if not allowed(request):
-            raise HTTPNotFound()
+            # As Pyramid's router says a path that is not there: nothing
+            # tells a view that is on from one that is not.
+            raise HTTPNotFound(request.path_info)
+        request.add_response_callback(_secure)
         return view(request)
 
     return guarded_view
