@@ -7,8 +7,10 @@ import threading
 import time
 
 import pytest
+from pyramid.config import Configurator
+from webtest import TestApp
 
-from pyramid_dbtune.ops import access, profiler
+from pyramid_dbtune.ops import access, profiler, stats
 
 TOKEN = 'a-token-of-16-chars-or-more'
 AUTH = {access.HEADER: TOKEN}
@@ -175,6 +177,7 @@ def test_stacks_beyond_the_bound_are_one(app, monkeypatch):
     monkeypatch.setattr(profiler, 'MAX_STACKS', 1)
     sampler = app.app.registry.dbtune.profiler
     request = app.app.request_factory({'PATH_INFO': '/slow'})
+    request.matched_route = app.app.routes_mapper.get_route('/slow')
     sampler.active[threading.get_ident()] = request
     try:
         sampler.sample(0.01)
@@ -214,6 +217,44 @@ def test_the_operators_own_views_are_not_sampled(app):
     assert list(sampler.routes()) == ['/slow']
 
 
+def slow_tween_factory(handler, registry):
+    """A tween under the timing tween, before the route is matched: an
+    app's authentication, say."""
+
+    def slow_tween(request):
+        other_function(0.03)
+        return handler(request)
+
+    return slow_tween
+
+
+def test_time_before_the_route_is_matched_is_the_routes(apps, sqlite_url):
+    with Configurator(settings={'dbtune.url': sqlite_url, **ON}) as config:
+        config.include('pyramid_dbtune')
+        config.add_tween(
+            f'{__name__}.slow_tween_factory',
+            under='pyramid_dbtune.ops.tween.timing_tween_factory',
+        )
+        config.add_route('slow', '/slow')
+        config.add_view(slow_view, route_name='slow', renderer='json')
+        app = TestApp(config.make_wsgi_app())
+    sampler = app.app.registry.dbtune.profiler
+    try:
+        wait_until(lambda: drive(app, '/slow', 8, threads=1) or any(
+            stack[-1] is other_function.__code__
+            for stack in sampler.stacks.get('slow', ())
+        ))  # fmt: skip
+        assert list(sampler.routes()) == ['slow']
+        # A request that matches no route: its samples, kept until it has
+        # ended, are filed once the sampler sees no request running.
+        app.get('/nowhere', status=404)
+        wait_until(lambda: stats.NO_ROUTE in sampler.stacks)
+        leaves = {stack[-1] for stack in sampler.stacks[stats.NO_ROUTE]}
+        assert other_function.__code__ in leaves
+    finally:
+        app.app.registry.dbtune.close()
+
+
 def wait_until(condition):
     deadline = time.monotonic() + 10
     while not condition():
@@ -240,6 +281,7 @@ def test_a_request_that_starts_as_the_sampler_stops_restarts_it(
     monkeypatch.setattr(profiler, 'IDLE', 0)
     sampler = app.app.registry.dbtune.profiler
     request = app.app.request_factory({'PATH_INFO': '/slow'})
+    request.matched_route = app.app.routes_mapper.get_route('/slow')
     active = StartsLate({threading.get_ident(): request})
     monkeypatch.setattr(sampler, 'active', active)
     sampler.start()

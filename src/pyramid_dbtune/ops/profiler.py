@@ -45,6 +45,13 @@ def _label(code):
     )
 
 
+def _filed(request, stacks):
+    """``(route, stack, seconds)`` of ``stacks``, sampled in ``request``
+    before it had a route."""
+    name = route_name(request)
+    return [(name, stack, seconds) for stack, seconds in stacks]
+
+
 class Profiler:
     """The samples of one process; ``registry.dbtune.profiler``.
 
@@ -75,6 +82,9 @@ class Profiler:
             #: route -> {stack (outermost code first): [samples, seconds]}
             self.stacks = {}
             self.samples = 0
+            #: ``id(request)``: ``(request, [(stack, seconds)])`` of the
+            #: requests sampled before their route was matched
+            self._waiting = {}
 
     # The sampling thread
 
@@ -114,6 +124,8 @@ class Profiler:
             # a few intervals (a process that was stopped is not busy).
             weight, last = min(now - last, 4 * self.interval), now
             if not self.active:
+                if self._waiting:
+                    self.sample(0.0)  # their requests ended: filed
                 if now - idle_since > IDLE:
                     return
                 continue
@@ -122,25 +134,41 @@ class Profiler:
 
     def sample(self, weight):
         """Count the stack of every thread in a request, ``weight``
-        seconds each."""
+        seconds each.
+
+        The timing tween is outermost: the other tweens run before the
+        router matches a route. A request's stacks from then wait, and are
+        counted under its route once it has one, or once it has ended
+        (under :data:`~pyramid_dbtune.ops.stats.NO_ROUTE` if it matched
+        none), at a later sample."""
         frames = sys._current_frames()
-        taken = []
+        taken, unrouted = [], []
         for ident, request in list(self.active.items()):
             frame = frames.get(ident)
             if frame is None:
                 continue  # the request ended since
-            name = route_name(request)
-            if name.startswith(ROUTE_PREFIX):
-                continue  # the operator's own views
             stack = []
             while frame is not None:
                 stack.append(frame.f_code)
                 frame = frame.f_back
             stack.reverse()
-            taken.append((name, tuple(stack)))
+            if 'matched_route' in request.__dict__:
+                taken.append((route_name(request), tuple(stack), weight))
+            else:
+                unrouted.append((request, tuple(stack)))
         del frames
         with self._lock:
-            for name, stack in taken:
+            waiting, self._waiting = self._waiting, {}
+            for request, stack in unrouted:
+                # Its id is its own while it waits: it is held here.
+                known = waiting.pop(id(request), None) or (request, [])
+                known[1].append((stack, weight))
+                self._waiting[id(request)] = known
+            for known in waiting.values():  # routed since, or ended
+                taken.extend(_filed(*known))
+            for name, stack, seconds in taken:
+                if name.startswith(ROUTE_PREFIX):
+                    continue  # the operator's own views
                 counts = self.stacks.get(name)
                 if counts is None:
                     counts = self.stacks[name] = {}
@@ -150,7 +178,7 @@ class Profiler:
                         stack = (OTHER,)
                     entry = counts.setdefault(stack, [0, 0.0])
                 entry[0] += 1
-                entry[1] += weight
+                entry[1] += seconds
                 self.samples += 1
 
     # What the views show
