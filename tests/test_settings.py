@@ -207,6 +207,26 @@ def test_bad_memcached_settings(key, value, accepted):
         parse({key: value})
 
 
+@pytest.mark.parametrize(
+    'key', ['dbtune.cache.default_time', 'dbtune.cache_time.search']
+)
+def test_memcached_cache_times_are_thirty_days_at_most(key):
+    memcached = {
+        'dbtune.cache.backend': 'memcached',
+        'dbtune.cache.servers': 'h:1',
+        'dbtune.cache.secret': 'x' * 16,
+    }
+    month = 30 * 24 * 3600
+    assert parse({**memcached, key: str(month)})
+    with pytest.raises(ConfigurationError) as raised:
+        parse({**memcached, key: str(month + 1)})
+    assert str(raised.value).startswith(
+        f"{key} = '{month + 1}' is not valid: expected at most {month} "
+        'seconds (30 days)'
+    )
+    assert parse({key: str(month + 1)})  # the memory cache: no bound
+
+
 def test_urls_need_a_known_dialect_and_an_installed_driver():
     with pytest.raises(ConfigurationError, match='a database URL such as'):
         parse({'dbtune.url': 'foo://x'})

@@ -14,6 +14,7 @@ from types import MappingProxyType
 from pyramid.exceptions import ConfigurationError
 from sqlalchemy.engine import make_url
 
+from .cache import MAX_EXPIRY
 from .convert import (
     Invalid,
     as_bool,
@@ -386,6 +387,20 @@ def parse(settings):
                     f'{values["cache.backend"]}: it applies to memcached only'
                 )
     else:
+        # memcached keeps an item 30 days at the most.
+        times = {PREFIX + 'cache.default_time': values['cache.default_time']}
+        times.update(
+            (PREFIX + CACHE_TIME_PREFIX + name, seconds)
+            for name, seconds in per_method[CACHE_TIME_PREFIX].items()
+        )
+        for key, seconds in times.items():
+            if seconds > MAX_EXPIRY:
+                raise _fail(
+                    key,
+                    settings[key],
+                    f'at most {MAX_EXPIRY} seconds (30 days) with '
+                    f'{PREFIX}cache.backend = memcached: what it keeps',
+                )
         for name in ('cache.servers', 'cache.secret'):
             if values[name] is None:
                 raise ConfigurationError(
