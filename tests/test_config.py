@@ -97,11 +97,28 @@ def test_cache_time_override_must_name_a_method(sqlite_url, runtimes):
     config.add_sql_method('search', 'SELECT 1')
     runtimes.append(config.registry.dbtune)
     with pytest.raises(ConfigurationError) as info:
-        config.commit()
-    assert 'dbtune.cache_time.serach names no SQL method' in str(info.value)
-    # It names no file and line, for it has none: not 'Line 0 of file None'.
-    assert str(info.value).endswith("the application's dbtune.* settings")
-    assert '(registered: search)' in str(info.value)
+        config.make_wsgi_app()
+    assert str(info.value) == (
+        'dbtune.cache_time.serach names no SQL method (registered: search)'
+    )
+
+
+def test_settings_are_checked_once_the_app_is_made(sqlite_url, runtimes):
+    # An app may commit before it registers its methods: an override of
+    # one registered later is no error, and applies.
+    config = configure(sqlite_url, {'dbtune.cache_time.search': '5'})
+    runtimes.append(config.registry.dbtune)
+    config.commit()
+    config.add_sql_method('search', 'SELECT 1')
+    config.make_wsgi_app()
+    assert config.registry.dbtune.methods['search'].cache_time == 5
+    # A setting changed after that first commit is an error still.
+    config = configure(sqlite_url)
+    runtimes.append(config.registry.dbtune)
+    config.commit()
+    config.add_settings({'dbtune.stats': 'true'})
+    with pytest.raises(ConfigurationError, match='dbtune.stats changed'):
+        config.make_wsgi_app()
 
 
 def test_two_methods_of_one_name_conflict(sqlite_url, runtimes):

@@ -5,8 +5,10 @@ Include it with ``config.include('pyramid_dbtune')`` (or
 """
 
 import logging
+from functools import partial
 from pathlib import Path
 
+from pyramid.events import ApplicationCreated
 from pyramid.exceptions import ConfigurationError
 from pyramid.path import AssetResolver
 
@@ -93,6 +95,13 @@ def _say_untold(dbtune):
         )
 
 
+def _check_when_made(dbtune, settings, included, event):
+    """As the WSGI app is made: what the settings name is there, and
+    they are as they were at the include."""
+    _check_overrides(dbtune)
+    _settings.check_unchanged(settings, included)
+
+
 def _check_overrides(dbtune):
     settings = dbtune.settings
     for prefix, overrides in (
@@ -168,19 +177,24 @@ def install(config, dbtune):
         config.action(None, changes.start, args=(dbtune,), order=10)
     if dbtune.views:
         access.add_route(config)
-    # After every other action: overrides may only name registered methods,
-    # and a permission needs the security policy the app sets up.
+    # After every other action: the untold writes are of registered
+    # methods, and a permission needs the security policy the app sets up.
     # Their errors say they come from the settings: Pyramid would name
     # "Line 0 of file None" (these actions are no call of a directive).
     settings_config = config.with_package(config.package)
     settings_config.info = _Settings()
-    settings_config.action(None, _check_overrides, args=(dbtune,), order=10)
     settings_config.action(None, _say_untold, args=(dbtune,), order=10)
     settings_config.action(
         None,
         _settings.check_unchanged,
         args=(config.registry.settings, included),
         order=10,
+    )
+    # Once every commit is done: an app may commit before it registers
+    # its methods, or change a setting after a first commit.
+    config.add_subscriber(
+        partial(_check_when_made, dbtune, config.registry.settings, included),
+        ApplicationCreated,
     )
     if parsed.stats_permission is not None:
         settings_config.action(
