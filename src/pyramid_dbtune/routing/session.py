@@ -60,6 +60,8 @@ def _before_flush(session, flush_context, instances):
     pinned = unit.request.registry.dbtune.pinned
     touched = {}  # table name: the tags of the rows, None if untold
     stored = {}  # table: the states of its rows in the database
+    deleting = set()  # the tables of those that go
+    deleted = set(map(id, session.deleted))
     for obj in (*session.new, *changed, *session.deleted):
         state = sa.inspect(obj)
         for table in state.mapper.tables:
@@ -71,6 +73,8 @@ def _before_flush(session, flush_context, instances):
                 )
                 if name in pinned and not state.pending:
                     stored.setdefault(table, []).append(state)
+                    if id(obj) in deleted:
+                        deleting.add(table)
     for name, tags in touched.items():
         unit.begin_write({name}, _WHAT, tags)
         if tags is None:
@@ -78,7 +82,10 @@ def _before_flush(session, flush_context, instances):
     for table, states in stored.items():
         name = table.name.lower()
         if touched[name] is not None:
-            found = _stored(session, table, states, sorted(pinned[name]))
+            found = _stored(
+                session, table, states, sorted(pinned[name]),
+                updating=table not in deleting,
+            )  # fmt: skip
             unit.begin_write({name}, _WHAT, found)
             if found is None:
                 unit.count_untold(f'ORM {name}', True)
@@ -86,11 +93,13 @@ def _before_flush(session, flush_context, instances):
         session.info['dbtune_flush'] = perf_counter()
 
 
-def _stored(session, table, states, columns):
+def _stored(session, table, states, columns, updating):
     """The tags of the rows of ``states`` as ``table`` holds them now,
     locked until the commit: another transaction may have changed them
     since they were loaded. None where they cannot be found by one
-    primary key column."""
+    primary key column. ``updating``: none of them is deleted, and their
+    lock is no stronger than their UPDATE's (PostgreSQL's FOR NO KEY
+    UPDATE, which a reference being made to a row does not wait for)."""
     key = list(table.primary_key.columns)
     if len(key) != 1 or any(
         len(s.mapper.primary_key) != 1 or s.mapper.primary_key[0] is not key[0]
@@ -100,7 +109,7 @@ def _stored(session, table, states, columns):
     select = (
         sa.select(*(table.c[c] for c in columns))
         .where(key[0].in_([s.identity[0] for s in states]))
-        .with_for_update()
+        .with_for_update(key_share=updating)
     )
     rows = session.execute(select, execution_options={'dbtune_routed': True})
     name = table.name.lower()

@@ -12,6 +12,19 @@ MAX_ROWS_TOLD = 100
 #: What begins the SELECT that finds the rows a SQL method's write
 #: touches, so that it is told apart in the database's logs.
 ROWS_TOLD = '/* pyramid_dbtune: the rows a write touches */ '
+#: How the rows a write touches are locked as they are found, by
+#: ``(dialect, a DELETE)``: as the write will find them, which no other
+#: transaction changes before it does (a plain SELECT reads MySQL's
+#: snapshot). No stronger than the write's own lock: PostgreSQL's UPDATE
+#: of columns no key names takes FOR NO KEY UPDATE, which a reference being
+#: made to the row (FOR KEY SHARE) does not wait for. SQLite has one
+#: writer at a time.
+_LOCK = '\nFOR UPDATE'
+_LOCKS = {
+    ('sqlite', False): '',
+    ('sqlite', True): '',
+    ('postgresql', False): '\nFOR NO KEY UPDATE',
+}
 
 
 def touched(unit, method, params, session):
@@ -51,10 +64,7 @@ def touched(unit, method, params, session):
         old, rows = [], [new]
         found = (table, 1)
     else:
-        # Locked: the rows as the write will find them, which no other
-        # transaction changes before it does (a plain SELECT reads
-        # MySQL's snapshot). SQLite has one writer at a time.
-        lock = '' if unit.router.dialect == 'sqlite' else '\nFOR UPDATE'
+        lock = _LOCKS.get((unit.router.dialect, not shape.sets), _LOCK)
         select = sa.text(
             f'{ROWS_TOLD}SELECT {", ".join(columns)} FROM {shape.table} '
             f'WHERE {shape.where}{lock}'
