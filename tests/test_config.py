@@ -177,6 +177,12 @@ def test_sql_directory_errors(tmp_path, sqlite_url):
     config.registry.dbtune.router.dispose()
 
 
+def test_a_parameter_may_be_named_self(sqlite_url, apps):
+    app = apps(sqlite_url, [{'name': 'me', 'sql': 'SELECT :self AS x'}])
+    request = prepare(registry=app.app.registry)['request']
+    assert request.sql.me(self=5).tuples() == ((5,),)
+
+
 def test_request_sql_errors(sqlite_url, apps):
     app = apps(sqlite_url, [{'name': 'one', 'sql': 'SELECT :x AS x'}])
     request = prepare(registry=app.app.registry)['request']

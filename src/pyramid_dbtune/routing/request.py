@@ -109,7 +109,7 @@ class BoundSQLMethod:
     def __repr__(self):
         return f'<bound {self.method!r}>'
 
-    def __call__(self, *args, **params):
+    def __call__(self, /, *args, **params):
         """Run the method with keyword arguments; return :class:`Rows`."""
         method = self.method
         if args:
