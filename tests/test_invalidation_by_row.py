@@ -397,6 +397,8 @@ def test_write_shapes():
     assert shape.where == "c = 'x (' AND d = :d"
     shape = write_shape('UPDATE t SET a = "where" WHERE (b = :b)')
     assert shape.sets == {'a': None} and shape.where == '(b = :b)'
+    shape = write_shape('UPDATE t SET a = :where WHERE b = :nowhere')
+    assert shape.sets == {'a': 'where'} and shape.where == 'b = :nowhere'
     shape = write_shape('INSERT INTO t (a, b) VALUES (:a, 5)')
     assert shape.where is None and shape.sets == {'a': 'a', 'b': None}
     assert told(shape, ['a']) and not told(shape, ['a', 'b'])

@@ -269,4 +269,6 @@ def _where_text(sql):
     # the one WHERE left is the keyword, where it stands.
     blanked = _LITERAL_STANDARD.sub(lambda m: ' ' * len(m.group()), sql)
     blanked = _QUOTED.sub(lambda m: ' ' * len(m.group()), blanked)
-    return sql[re.search(r'\bwhere\b', blanked, re.I).end() :].strip()
+    # A parameter (``:where``) is no keyword either.
+    found = re.search(r'(?<![:\w])where\b', blanked, re.I)
+    return sql[found.end() :].strip()
