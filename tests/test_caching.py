@@ -17,6 +17,7 @@ from conftest import (
     add_sleep_function,
     call,
     query_log,
+    shared_settings,
 )
 
 AREAS = {
@@ -381,3 +382,32 @@ def test_bad_invalidate_settings(sqlite_url, apps, key, message):
     with pytest.raises(ConfigurationError) as info:
         apps(sqlite_url, [SEARCH, LAGGING_SEARCH, SET_RENT], {key: 'false'})
     assert message in str(info.value)
+
+
+@pytest.mark.parametrize('backend', ['memory', 'memcached'])
+def test_a_callers_change_of_a_json_value_is_its_own(
+    postgresql_url, apps, backend, request
+):
+    # A JSON column is a dict, an array a list: a view that changes the
+    # value it got does not change the next caller's rows.
+    settings = {}
+    if backend == 'memcached':
+        settings = shared_settings(request.getfixturevalue('memcached'))
+    prefs = {
+        'name': 'prefs',
+        'sql': """SELECT '{"theme": "light"}'::jsonb AS prefs, """
+        "ARRAY['a'] AS tags, 1 AS n",
+        'cache_time': 20,
+    }
+    app = apps(postgresql_url, [prefs], settings, tables=False)
+    context = prepare(registry=app.app.registry)
+    try:
+        sql = context['request'].sql
+        for _ in range(3):  # a miss, then hits
+            (row,) = sql.prefs()
+            assert (row.prefs, row.tags) == ({'theme': 'light'}, ['a'])
+            row.prefs['theme'] = 'dark'
+            row.tags.append('b')
+        assert context['request'].dbtune.cache['hit'] == 2
+    finally:
+        context['closer']()

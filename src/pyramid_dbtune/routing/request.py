@@ -160,7 +160,7 @@ class BoundSQLMethod:
             context.cache['uncached'] += 1
             return context.read(method, params)
         context.cache[status] += 1
-        return rows
+        return rows.own()  # the cache's are every caller's
 
 
 class SQLNamespace:

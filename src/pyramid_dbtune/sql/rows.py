@@ -1,10 +1,12 @@
 """Query results: :class:`Rows`, an immutable sequence of :class:`Record`.
 
 Results are shared between requests through the cache, so they are
-immutable; they pickle as plain tuples, never as driver or SQLAlchemy
-objects.
+immutable, and a value that is not (a JSON object, an array) is each
+caller's own copy (:meth:`Rows.own`); they pickle as plain tuples, never
+as driver or SQLAlchemy objects.
 """
 
+import copy
 from collections import namedtuple
 from collections.abc import Sequence
 from itertools import repeat
@@ -172,7 +174,7 @@ class Rows(Sequence):
 
     __slots__ = (
         'columns', 'truncated', 'rowcount', 'position', 'snapshot',
-        '_records', '_reserve',
+        '_records', '_reserve', '_mutable',
     )  # fmt: skip
 
     def __init__(
@@ -222,6 +224,32 @@ class Rows(Sequence):
     def __repr__(self):
         more = ', truncated' if self.truncated else ''
         return f'<Rows {len(self)} x ({", ".join(self.columns)}){more}>'
+
+    def own(self):
+        """These rows, for a caller that may change what they hold: the
+        same, or where a value can be changed (a JSON column's dict or
+        list, an array), a copy holding copies of those values. A
+        cache's rows are every caller's, and the change of one would be
+        the next one's rows."""
+        mutable = self._mutable
+        if mutable is None:  # looked for once
+            mutable = any(
+                isinstance(value, _MUTABLE)
+                for record in self._records
+                for value in record
+            )
+            object.__setattr__(self, '_mutable', mutable)
+        if not mutable:
+            return self
+        records = tuple(
+            type(record)(copy.deepcopy(tuple(record)))
+            for record in self._records
+        )
+        own = object.__new__(Rows)
+        reserve, more = self._reserve
+        _set(own, self.columns, records, reserve, more, self.rowcount,
+             self.position, self.snapshot)  # fmt: skip
+        return own
 
     def tuples(self):
         """The rows as a tuple of plain value tuples."""
@@ -304,9 +332,13 @@ def _set(rows, columns, records, reserve, more, rowcount, position,
         ('snapshot', snapshot),
         ('_records', records),
         ('_reserve', (reserve, bool(more))),
+        ('_mutable', None),
     ):
         object.__setattr__(rows, name, value)
 
+
+#: The values a caller could change in place.
+_MUTABLE = (dict, list, set, bytearray)
 
 #: The most rows a cache fill holds in reserve beyond its ``max_rows``.
 MAX_RESERVE = 50

@@ -186,7 +186,7 @@ class Database:
             and not rows.position.covers(position)
         ):
             rows = read(*args, position)
-        return rows
+        return rows.own()  # the cache's are every caller's
 
     def _read_method(self, statement, params, method, position, fill=False):
         return self.dbtune.router.read(
