@@ -65,6 +65,14 @@ def test_bound_on_bytes():
     assert cache.bytes <= cache.max_bytes
 
 
+def test_what_json_values_and_arrays_hold_counts_toward_the_bound():
+    text = 'x' * 100_000
+    for value in ({'html': text}, [text], [[{'deep': text}]]):
+        cache = MemoryCache(max_bytes=50_000)
+        cache.get_or_fill(key('a'), 10, T, fill, rows(value))
+        assert len(cache) == 0 and cache.too_big == 1, value
+
+
 def test_value_larger_than_the_bound_is_returned_not_stored():
     cache = MemoryCache(max_bytes=1000)
     big = rows(*range(1000))

@@ -55,6 +55,22 @@ def estimate_size(key, value):
         size += _ROW_OVERHEAD
         for item in record:
             size += getsizeof(item)
+            if isinstance(item, _HOLDERS):  # a JSON value, an array
+                size += _held_size(item)
+    return size
+
+
+_HOLDERS = (dict, list, tuple, set, frozenset)
+
+
+def _held_size(value):
+    """The bytes of what ``value``, a dict or a list (say), holds."""
+    items = [*value, *value.values()] if isinstance(value, dict) else value
+    size = 0
+    for item in items:
+        size += sys.getsizeof(item)
+        if isinstance(item, _HOLDERS):
+            size += _held_size(item)
     return size
 
 
