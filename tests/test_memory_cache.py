@@ -13,8 +13,10 @@ from pyramid_dbtune.cache import (
     WAITED,
     MemoryCache,
     NullCache,
+    Watch,
 )
 from pyramid_dbtune.cache import memory as memory_module
+from pyramid_dbtune.sql.shapes import Change, read_shape
 
 T = frozenset(['t'])
 
@@ -71,6 +73,45 @@ def test_what_json_values_and_arrays_hold_counts_toward_the_bound():
         cache = MemoryCache(max_bytes=50_000)
         cache.get_or_fill(key('a'), 10, T, fill, rows(value))
         assert len(cache) == 0 and cache.too_big == 1, value
+
+
+def test_rows_that_a_change_grows_count_toward_the_bound():
+    shape = read_shape(
+        'SELECT id, body FROM doc WHERE area = :area ORDER BY id', {'doc'}
+    )
+
+    def read(area, fill=None):
+        watch = Watch({'doc'}, shape, {'area': area}, 100)
+        return cache.get_or_fill(('docs', (area,), (int,)), 600, watch, fill)
+
+    def grow(area, xid, was='short', size=10_000):
+        for i in range(5):
+            old = {'id': area * 100 + i, 'area': area, 'body': was}
+            new = {**old, 'body': 'y' * size}
+            cache.invalidate({'doc'}, [Change('doc', (old,), (new,), xid + i)])
+
+    cache = MemoryCache(max_bytes=100_000)
+    for area in range(3):
+        held = Rows(
+            ('id', 'body'),
+            [(area * 100 + i, 'short') for i in range(5)],
+            snapshot=(10, 10, ()),
+        )
+        read(area, lambda held=held: held)
+    before = cache.bytes
+    grow(0, 20)
+    value, status = read(0)
+    assert status == HIT and value[0].body == 'y' * 10_000
+    assert cache.bytes > before + 49_000
+    # Past the bound: the others make room, the least recently used first.
+    grow(1, 40)
+    assert read(1)[1] == HIT
+    assert (len(cache), cache.evictions) == (1, 2)
+    assert cache.bytes <= cache.max_bytes
+    # Grown past it alone: it goes.
+    grow(1, 60, was='y' * 10_000, size=30_000)
+    assert read(1, lambda: rows(1)) == (rows(1), MISS)
+    assert cache.too_big == 1 and cache.bytes <= cache.max_bytes
 
 
 def test_value_larger_than_the_bound_is_returned_not_stored():

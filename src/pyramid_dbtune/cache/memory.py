@@ -395,14 +395,24 @@ class MemoryCache:
         if value is None:
             self._drop(key)
             return None
-        if len(value) != len(entry.value):  # as many rows: much the same
-            size = estimate_size(key, value)
-            self.bytes += size - entry.size
-            entry.size = size
+        size = estimate_size(key, value)
+        self.bytes += size - entry.size
+        entry.size = size
         entry.value = value
         entry.edge = _edge(entry.tables, value)
         self.patches += 1
         self.patched[key[0]] = self.patched.get(key[0], 0) + 1
+        if self.bytes > self.max_bytes:  # it grew: the others make room
+            for other in list(self._data):  # the least recently used first
+                if self.bytes <= self.max_bytes:
+                    break
+                if other != key:
+                    self._remove(other)
+                    self.evictions += 1
+            if self.bytes > self.max_bytes:  # it alone is too big
+                self._remove(key)
+                self.too_big += 1
+                return None
         return entry
 
     def _count_drop(self, key):
