@@ -107,11 +107,15 @@ def test_the_rows_a_write_touches_are_found_in_its_transaction(app):
         lambda conn, cursor, statement, *args: log.append(statement),
     )
     call(app, ('set_rent', {'id': 1, 'rent': 95}))
-    # Locked where another writer could change the rows first.
-    sqlite = engine.dialect.name == 'sqlite'
+    # Locked where another writer could change the rows first, as the
+    # UPDATE locks them.
+    lock = {
+        'sqlite': '?',
+        'postgresql': '%(id)s\nFOR NO KEY UPDATE',
+        'mysql': '%(id)s\nFOR UPDATE',
+    }[engine.dialect.name]
     assert [s for s in log if s.startswith(ROWS_TOLD)] == [
-        f'{ROWS_TOLD}SELECT area, id, rent FROM property WHERE id = '
-        + ('?' if sqlite else '%(id)s\nFOR UPDATE')
+        f'{ROWS_TOLD}SELECT area, id, rent FROM property WHERE id = {lock}'
     ]
 
 
