@@ -176,6 +176,55 @@ def test_a_value_the_database_rounds_drops_the_table(server_url, apps):
     ]  # fmt: skip
 
 
+PHOTOS = {
+    'name': 'photos',
+    'sql': 'SELECT id FROM photo WHERE property_id = :pid',
+    'cache_time': 20,
+}
+CAPTIONS = {
+    'name': 'captions',
+    'sql': 'SELECT count(*) AS n FROM caption',
+    'cache_time': 20,
+}
+
+
+def orm_remove(request):
+    request.dbsession.delete(request.dbsession.get(Property, 1))
+    return 'removed'
+
+
+@pytest.mark.parametrize('orm', [False, True])
+def test_a_write_drops_the_reads_its_foreign_keys_change(
+    server_url, apps, orm
+):
+    # The database deletes a property's photos with it, and their captions
+    # with them (ON DELETE CASCADE); an insert changes no other table.
+    methods = [PHOTOS, CAPTIONS, REMOVE, ADD]
+    app = apps(server_url, methods, views={'/remove': orm_remove})
+    engine = sa.create_engine(server_url)
+    with engine.begin() as connection:
+        for statement in (
+            'CREATE TABLE photo (id INTEGER PRIMARY KEY, property_id INTEGER '
+            'REFERENCES property (id) ON DELETE CASCADE)',
+            'CREATE TABLE caption (photo_id INTEGER REFERENCES photo (id) '
+            'ON UPDATE CASCADE ON DELETE CASCADE)',
+            'INSERT INTO photo VALUES (10, 1), (11, 2)',
+            'INSERT INTO caption VALUES (10), (11)',
+        ):
+            connection.exec_driver_sql(statement)
+    engine.dispose()
+    reads = [('photos', {'pid': 1}), ('captions', {})]
+    call(app, *reads)
+    call(app, ('add', {'id': 7, 'area': 'Burley', 'rent': 1}))
+    assert [call(app, r)['cache']['hit'] for r in reads] == [1, 1]
+    if orm:
+        app.post('/remove')
+    else:
+        call(app, ('remove', {'id': 1}))
+    rows = [call(app, r)['results'][0]['rows'] for r in reads]
+    assert rows == [[], [[1]]]
+
+
 @contextlib.contextmanager
 def referenced_property(postgresql_url):
     """Property 1, referenced by a row another transaction is adding and

@@ -64,6 +64,24 @@ class ReadEngine:
         self.unread = False
 
 
+_ACTS = frozenset(['CASCADE', 'SET NULL', 'SET DEFAULT'])
+_ON = ('ondelete', 'onupdate')
+
+
+def _children(inspector):
+    """``{table: tables whose foreign keys act on a change of it}`` in
+    the schema ``inspector`` looks at, names in lower case."""
+    children = {}
+    for (_, table), keys in inspector.get_multi_foreign_keys().items():
+        for key in keys:
+            options = key.get('options') or {}
+            acts = {options.get(o, '').upper() for o in _ON}
+            if acts & _ACTS and key['referred_schema'] is None:
+                parent = key['referred_table'].lower()
+                children.setdefault(parent, set()).add(table.lower())
+    return children
+
+
 class Router:
     """The engines: one writer, one or more readers; the write slots.
 
@@ -146,6 +164,8 @@ class Router:
         #: table: the log position of the last commit that wrote it
         self._written = {}
         self._columns = {}
+        #: table: the tables whose foreign keys act on a change of it
+        self._children = None
         self._reset_locks()
         forks.renew_after_fork(self)
 
@@ -178,6 +198,25 @@ class Router:
                 found = []
             known = self._columns[table] = {c['name'].lower() for c in found}
         return known
+
+    def cascades(self, session, tables):
+        """The tables, other than ``tables``, whose rows the database
+        changes in turn when rows of ``tables`` are deleted or updated:
+        those whose foreign keys say ``ON DELETE`` or ``ON UPDATE``
+        ``CASCADE``, ``SET NULL`` or ``SET DEFAULT``, however far. Read
+        from the database once, as ``session``'s connection finds them."""
+        children = self._children
+        if children is None:
+            children = self._children = _children(
+                sa.inspect(session.connection())
+            )
+        found, todo = set(), list(tables)
+        while todo:
+            for child in children.get(todo.pop(), ()):
+                if child not in found:
+                    found.add(child)
+                    todo.append(child)
+        return found - set(tables)
 
     def dispose(self):
         if self.lag_watch is not None:

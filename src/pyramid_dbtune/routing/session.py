@@ -79,6 +79,13 @@ def _before_flush(session, flush_context, instances):
         unit.begin_write({name}, _WHAT, tags)
         if tags is None:
             unit.count_untold(f'ORM {name}', name in pinned)
+    changing = {
+        table.name.lower()
+        for obj in (*changed, *session.deleted)
+        for table in sa.inspect(obj).mapper.tables
+    }
+    if changing:
+        unit.cascade(session, changing, _WHAT)
     for table, states in stored.items():
         name = table.name.lower()
         if touched[name] is not None:

@@ -336,6 +336,11 @@ class UnitOfWork:
             self._tags.update(tags)
             if change is not None:
                 self._changes.append(change)
+            shape = method.write_shape
+            if shape is None or shape.where is not None:  # no INSERT
+                self.cascade(
+                    session, method.tables, f'SQL method {method.name}()'
+                )
         result = session.execute(
             statement, params, execution_options={'dbtune_routed': True}
         )
@@ -348,6 +353,15 @@ class UnitOfWork:
         if method.writes:
             self.session_wrote(session)
         return fetch(result, method.max_rows)
+
+    def cascade(self, session, tables, what):
+        """Note the writes the database makes in turn of a write that
+        updates or deletes rows of ``tables`` (by its foreign keys'
+        actions, :meth:`Router.cascades`): every read of their tables is
+        dropped."""
+        children = self.router.cascades(session, tables)
+        if children:
+            self.begin_write(children, f'{what}, by foreign keys')
 
     def count_untold(self, name, tags):
         """Count a write of ``name`` whose rows were not told, where it
