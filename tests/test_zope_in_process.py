@@ -163,6 +163,31 @@ def test_without_causal_reads_a_commit_pins_the_fills_of_its_tables(
         dbtune.close()
 
 
+def test_a_zope_write_drops_the_reads_its_foreign_keys_change(
+    postgresql_url,
+):
+    create_tables(postgresql_url)
+    dbtune = DBTune(parse({'dbtune.url': postgresql_url}))
+    dbtune.register(SQLMethod('photos', 'SELECT id FROM photo', cache_time=60))
+    database = Database(dbtune)
+    try:
+        database.query(
+            'CREATE TABLE photo (id INTEGER, property_id INTEGER '
+            'REFERENCES property (id) ON DELETE CASCADE)'
+        )
+        database.query('INSERT INTO photo VALUES (10, 1)')
+        transaction.commit()
+        assert database.call(dbtune.methods['photos'], {}).tuples() == ((10,),)
+        database.query('DELETE FROM property WHERE id = 1')
+        transaction.commit()
+        assert database.call(dbtune.methods['photos'], {}).tuples() == ()
+    finally:
+        transaction.abort()
+        database.query('DROP TABLE IF EXISTS photo')
+        transaction.commit()
+        dbtune.close()
+
+
 GET = 'SELECT rent FROM property WHERE id = :id'
 SET = 'UPDATE property SET rent = :rent WHERE id = :id'
 

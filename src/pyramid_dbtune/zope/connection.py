@@ -253,8 +253,11 @@ class _Work:
 
     def wrote(self, tables):
         """Note a write of ``tables`` (None: which, it cannot tell): it
-        drops every read of them, pinned to rows or not."""
+        drops every read of them, pinned to rows or not, and of the tables
+        their foreign keys act on in turn."""
         known = tables is not None and self.tables is not None
+        if known:
+            tables = tables | self.dbtune.router.cascades(self.session, tables)
         self.tables = (
             self.tables | tables | {any_row(t) for t in tables}
             if known
