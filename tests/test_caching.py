@@ -1,6 +1,8 @@
 """Timed row caching through the whole stack: WebTest, pyramid_tm, a real
 database (SQLite and PostgreSQL)."""
 
+import datetime
+import decimal
 import threading
 
 import pytest
@@ -409,5 +411,35 @@ def test_a_callers_change_of_a_json_value_is_its_own(
             row.prefs['theme'] = 'dark'
             row.tags.append('b')
         assert context['request'].dbtune.cache['hit'] == 2
+    finally:
+        context['closer']()
+
+
+def test_equal_arguments_that_bind_otherwise_are_not_one_call(mysql_url, apps):
+    # The same instant at two offsets: PyMySQL sends the wall clock, and
+    # the two are two queries (1.0 and 1.00 too, as text).
+    after = {
+        'name': 'after',
+        'sql': 'SELECT count(*) AS n FROM stay WHERE starts >= :since',
+        'cache_time': 20,
+    }
+    echo = {'name': 'echo', 'sql': 'SELECT :x AS x', 'cache_time': 20}
+    app = apps(mysql_url, [after, echo], tables=False)
+    engine = sa.create_engine(mysql_url)
+    with engine.begin() as connection:
+        connection.exec_driver_sql('CREATE TABLE stay (starts DATETIME)')
+        connection.exec_driver_sql(
+            "INSERT INTO stay VALUES ('2024-06-01 12:30')"
+        )
+    engine.dispose()
+    utc = datetime.datetime(2024, 6, 1, 12, tzinfo=datetime.timezone.utc)
+    paris = utc.astimezone(datetime.timezone(datetime.timedelta(hours=2)))
+    context = prepare(registry=app.app.registry)
+    try:
+        sql = context['request'].sql
+        assert sql.after(since=utc)[0].n == 1
+        assert sql.after(since=paris)[0].n == 0  # 14:00, as MariaDB sees it
+        assert str(sql.echo(x=decimal.Decimal('1.0'))[0].x) == '1.0'
+        assert str(sql.echo(x=decimal.Decimal('1.00'))[0].x) == '1.00'
     finally:
         context['closer']()

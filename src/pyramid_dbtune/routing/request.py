@@ -7,6 +7,7 @@ from time import perf_counter
 from sqlalchemy.exc import DBAPIError
 
 from ..cache import HIT, MISS, STALE, WAITED
+from ..sql.method import call_key
 from .errors import (
     WriteInReadError,
     is_read_only_refusal,
@@ -128,7 +129,7 @@ class BoundSQLMethod:
             return context.read(method, params)
         values = method.values(params)
         # 1, 1.0 and True are equal, but not the same argument.
-        key = (self._key, values, tuple(map(type, values)))
+        key = call_key(self._key, values)
         try:
             hash(key)
         except TypeError:

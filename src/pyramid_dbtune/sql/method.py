@@ -53,6 +53,27 @@ def _normalise_tables(method, tables):
     return names
 
 
+#: Types whose equal values may be bound otherwise: an aware time of
+#: another offset (12:00+00:00 equals 14:00+02:00, and PyMySQL sends the
+#: wall clock), a decimal of more places (1.0 equals 1.00).
+_EQUAL_NOT_SAME = frozenset(
+    [datetime.datetime, datetime.time, decimal.Decimal]
+)
+
+
+def call_key(prefix, values):
+    """The cache key of a call of method ``prefix`` (its key) with
+    ``values`` (:meth:`SQLMethod.values`): the values and their types (1,
+    1.0 and True are equal, but not the same argument), and what equality
+    overlooks of a time or a decimal."""
+    types = tuple(map(type, values))
+    if not _EQUAL_NOT_SAME.isdisjoint(types):
+        values = tuple(
+            (v, repr(v)) if type(v) in _EQUAL_NOT_SAME else v for v in values
+        )
+    return (prefix, values, types)
+
+
 class SQLMethod:
     """A named, parameterised SQL statement whose rows may be cached.
 

@@ -32,6 +32,7 @@ from ..routing.work import PIN_COOKIE, PIN_FOR
 from ..settings import parse
 from ..sql.analysis import analyse
 from ..sql.conditions import any_row
+from ..sql.method import call_key
 
 #: The ``<product-config>`` section of ``zope.conf`` that holds the
 #: ``dbtune.*`` settings.
@@ -161,7 +162,7 @@ class Database:
             position = pin(self.dbtune.router)
             return self._read_method(statement, bound, method, position)
         values = method.values(params)
-        key = (registered.key, values, tuple(map(type, values)))
+        key = call_key(registered.key, values)
         return self._cached(
             key,
             registered.cache_time,
