@@ -10,6 +10,7 @@ import threading
 import time
 import uuid
 from pathlib import Path
+from zoneinfo import ZoneInfo
 
 import pytest
 from pymemcache.client.base import Client
@@ -243,12 +244,20 @@ def test_the_row_codec_keeps_every_sql_value():
         uuid.UUID(int=7),
         {'json': [1, 2]},
         [1, 2],
-        (3, 4),
+        (3, 'a'),  # a PostgreSQL record
+        # psycopg's timestamptz: in the session's zone, summer time and all
+        datetime.datetime(2024, 3, 1, 9, tzinfo=ZoneInfo('Europe/London')),
+        datetime.datetime(2024, 3, 1, 9, tzinfo=datetime.timezone.utc),
     )
     rows = Rows([f'c{i}' for i in range(len(values))], [values])
     back, generations, expires = decode(encode(rows, {'t': 5}, 9.5))
-    assert back.tuples()[0][:-1] == values[:-1]
-    assert back[0][-1] == [3, 4]  # a tuple comes back a list
+    assert back.tuples()[0] == values
+    assert [type(v) for v in back[0]] == [type(v) for v in values]
+    assert [getattr(v, 'tzinfo', None) for v in back[0]] == [
+        getattr(v, 'tzinfo', None) for v in values
+    ]
+    later = back[0][-2] + datetime.timedelta(days=60)
+    assert later.isoformat() == '2024-04-30T09:00:00+01:00'
     assert (generations, expires) == ({'t': 5}, 9.5)
 
 

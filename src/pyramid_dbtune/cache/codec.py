@@ -10,6 +10,7 @@ import datetime
 import decimal
 import json
 import uuid
+import zoneinfo
 
 from ..routing.lag import Position
 from ..sql.rows import Rows
@@ -25,6 +26,10 @@ def _tag(value):
     if isinstance(value, decimal.Decimal):
         return {'$d': str(value)}
     if isinstance(value, datetime.datetime):
+        if isinstance(value.tzinfo, zoneinfo.ZoneInfo):
+            # Its zone, not only its offset: a day added is a day of the
+            # zone's (the offset changes with summer time).
+            return {'$Z': [value.isoformat(), value.tzinfo.key]}
         return {'$T': value.isoformat()}
     if isinstance(value, datetime.date):
         return {'$D': value.isoformat()}
@@ -39,12 +44,14 @@ def _tag(value):
 
 def _cell(value):
     # JSON and arrays (dicts and lists) travel as JSON text of their own,
-    # so that their contents are never taken for tags.
+    # so that their contents are never taken for tags; a tuple (a record
+    # of PostgreSQL's) comes back a tuple.
     if isinstance(value, dict | list | tuple):
         try:
-            return {'$j': json.dumps(value, separators=(',', ':'))}
+            text = json.dumps(value, separators=(',', ':'))
         except TypeError:
             raise Unencodable(type(value).__name__) from None
+        return {'$p' if isinstance(value, tuple) else '$j': text}
     return value
 
 
@@ -57,6 +64,10 @@ _UNTAG = {
     '$i': lambda v: datetime.timedelta(*v),
     '$u': uuid.UUID,
     '$j': json.loads,
+    '$p': lambda v: tuple(json.loads(v)),
+    '$Z': lambda v: datetime.datetime.fromisoformat(v[0]).astimezone(
+        zoneinfo.ZoneInfo(v[1])
+    ),
 }
 
 
