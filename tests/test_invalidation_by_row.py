@@ -292,6 +292,79 @@ class RentOnly(Rent):
     rent: Mapped[int]
 
 
+class Item(Rent):
+    __tablename__ = 'item'
+    id: Mapped[int] = mapped_column(primary_key=True)
+    qty: Mapped[int]
+    band: Mapped[int]
+
+
+BY_BAND = {
+    'name': 'by_band',
+    'sql': 'SELECT id FROM item WHERE band = :band ORDER BY id',
+    'cache_time': 20,
+}
+SET_QTY = {
+    'name': 'set_qty',
+    'sql': 'UPDATE item SET qty = :qty WHERE id = :id',
+}
+#: The band of an item, by a generated column, then by a trigger.
+BANDS = {
+    'postgresql': [
+        'band INTEGER GENERATED ALWAYS AS (qty / 10 + 1) STORED',
+        'band INTEGER',
+        'CREATE FUNCTION set_band() RETURNS trigger LANGUAGE plpgsql AS '
+        '$$ BEGIN NEW.band := NEW.qty / 10 + 1; RETURN NEW; END $$',
+        'CREATE TRIGGER item_band BEFORE INSERT OR UPDATE ON item '
+        'FOR EACH ROW EXECUTE FUNCTION set_band()',
+    ],
+    'mysql': [
+        'band INTEGER AS (qty DIV 10 + 1) STORED',
+        'band INTEGER',
+        'CREATE TRIGGER item_band BEFORE UPDATE ON item '
+        'FOR EACH ROW SET NEW.band = NEW.qty DIV 10 + 1',
+    ],
+}
+
+
+def orm_set_qty(request):
+    request.dbsession.get(Item, 1).qty = 12
+    return 'set'
+
+
+@pytest.mark.parametrize('how', ['generated', 'trigger'])
+@pytest.mark.parametrize('orm', [False, True])
+def test_a_column_the_database_sets_itself_drops_the_table(
+    server_url, apps, how, orm
+):
+    # Item 1 moves from band 1 to band 2 as its quantity changes: the
+    # database sets the band, whatever the write gives.
+    app = apps(server_url, [BY_BAND, SET_QTY], tables=False,
+               views={'/set': orm_set_qty})  # fmt: skip
+    generated, plain, *trigger = BANDS[app.app.registry.dbtune.router.dialect]
+    engine = sa.create_engine(server_url)
+    with engine.begin() as connection:
+        band = generated if how == 'generated' else plain
+        connection.exec_driver_sql(
+            f'CREATE TABLE item (id INTEGER PRIMARY KEY, qty INTEGER, {band})'
+        )
+        for statement in trigger if how == 'trigger' else ():
+            connection.exec_driver_sql(statement)
+        connection.exec_driver_sql(
+            'INSERT INTO item (id, qty) VALUES (1, 5), (2, 15)'
+        )
+        if how == 'trigger':  # it sets the band of the rows it writes
+            connection.exec_driver_sql('UPDATE item SET band = qty / 10 + 1')
+    engine.dispose()
+    assert call(app, ('by_band', {'band': 2}))['results'][0]['rows'] == [[2]]
+    if orm:
+        app.post('/set')
+    else:
+        call(app, ('set_qty', {'id': 1, 'qty': 12}))
+    answer = call(app, ('by_band', {'band': 2}))
+    assert answer['results'][0]['rows'] == [[1], [2]]
+
+
 def test_a_mapping_without_a_pinned_column_drops_the_table(sqlite_url, apps):
     def view(request):
         request.dbsession.get(RentOnly, 4).rent = 1

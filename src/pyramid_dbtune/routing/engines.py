@@ -64,6 +64,29 @@ class ReadEngine:
         self.unread = False
 
 
+#: Whether a table has a trigger that may change the rows written, by
+#: dialect: one that runs before they are written on MySQL, whose later
+#: triggers cannot write their own table; any on PostgreSQL (but the
+#: package's own) and SQLite; any table, elsewhere.
+_ANY_TRIGGER = sa.text('SELECT 1')
+_BEFORE_TRIGGERS = {
+    'postgresql': sa.text(
+        'SELECT count(*) FROM pg_trigger WHERE tgrelid = to_regclass(:t) '
+        "AND NOT tgisinternal AND tgname NOT LIKE 'dbtune\\_%'"
+    ),
+    'sqlite': sa.text(
+        "SELECT count(*) FROM sqlite_master WHERE type = 'trigger' AND "
+        'tbl_name = :t'
+    ),
+    **dict.fromkeys(
+        ('mysql', 'mariadb'),
+        sa.text(
+            'SELECT count(*) FROM information_schema.triggers WHERE '
+            'event_object_schema = DATABASE() AND event_object_table = :t '
+            "AND action_timing = 'BEFORE'"
+        ),
+    ),
+}
 _ACTS = frozenset(['CASCADE', 'SET NULL', 'SET DEFAULT'])
 _ON = ('ondelete', 'onupdate')
 
@@ -189,14 +212,31 @@ class Router:
         """The names of ``table``'s columns on the writer, in lower case,
         as ``session``'s connection finds them (once); none if it does
         not."""
+        return self._table(session, table)[0]
+
+    def sets_itself(self, session, table):
+        """The columns of ``table`` whose values the database may set
+        itself on a write, whatever the write gives: its generated
+        columns, or all of them (None) where a trigger may change the
+        rows written."""
+        return self._table(session, table)[1]
+
+    def _table(self, session, table):
         known = self._columns.get(table)
         if known is None:
-            inspector = sa.inspect(session.connection())
+            connection = session.connection()
             try:
-                found = inspector.get_columns(table)
+                found = sa.inspect(connection).get_columns(table)
             except sa.exc.NoSuchTableError:
                 found = []
-            known = self._columns[table] = {c['name'].lower() for c in found}
+            before = _BEFORE_TRIGGERS.get(self.dialect, _ANY_TRIGGER)
+            triggered = connection.execute(before, {'t': table}).scalar()
+            known = self._columns[table] = (
+                {c['name'].lower() for c in found},
+                None
+                if triggered
+                else {c['name'].lower() for c in found if c.get('computed')},
+            )
         return known
 
     def cascades(self, session, tables):

@@ -67,7 +67,13 @@ def _before_flush(session, flush_context, instances):
         for table in state.mapper.tables:
             name = table.name.lower()
             if touched.get(name, ()) is not None:
-                tags = _tags(state, table, pinned.get(name, ()))
+                columns = pinned.get(name, ())
+                tags = _tags(state, table, columns)
+                if columns and tags is not None:
+                    # What the database sets itself is not what is given.
+                    itself = unit.router.sets_itself(session, name)
+                    if itself is None or not itself.isdisjoint(columns):
+                        tags = None
                 touched[name] = (
                     None if tags is None else tags | touched.get(name, set())
                 )
