@@ -115,6 +115,43 @@ def test_rows_that_a_change_grows_count_toward_the_bound():
     grow(1, 60, was='y' * 10_000, size=30_000)
     assert read(1, lambda: rows(1)) == (rows(1), MISS)
     assert cache.too_big == 1 and cache.bytes <= cache.max_bytes
+    assert len(cache) == 2  # area 0 made no room for it
+
+
+def test_a_write_whose_changes_grow_rows_past_the_bound_drops_the_rest():
+    # Many changes for each read: each catches up as it is told, and the
+    # first that grows past the bound has others make room, which the
+    # write then need not tell.
+    shape = read_shape(
+        'SELECT id, body FROM doc WHERE area = :area ORDER BY id', {'doc'}
+    )
+    count = memory_module.MAX_PENDING + 1
+    cache = MemoryCache()
+    for area in range(3):
+        held = Rows(
+            ('id', 'body'),
+            [(area * 1000 + i, 'a') for i in range(count)],
+            snapshot=(10, 10, ()),
+        )
+        watch = Watch({'doc'}, shape, {'area': area}, 1000)
+        cache.get_or_fill(('docs', (area,)), 60, watch, lambda h=held: h)
+    note = frozenset(['note'])
+    cache.get_or_fill(key('note'), 60, note, fill, rows(1))
+    cache.max_bytes = cache.bytes + 100 * count  # room for one grown
+    changes = [
+        Change(
+            'doc',
+            ({'id': area * 1000 + i, 'area': area, 'body': 'a'},),
+            ({'id': area * 1000 + i, 'area': area, 'body': 'b' * 300},),
+            20 + area * 1000 + i,
+        )
+        for area in range(3)
+        for i in range(count)
+    ]
+    cache.invalidate({'doc', 'note'}, changes)
+    assert cache.bytes <= cache.max_bytes and cache.evictions >= 2
+    # The rest of the write was told: the note's read is dropped.
+    assert cache.get_or_fill(key('note'), 60, note, fill, rows(2))[1] == MISS
 
 
 def test_value_larger_than_the_bound_is_returned_not_stored():

@@ -333,7 +333,9 @@ class MemoryCache:
                 for key in list(self._by_table.get(table, ())):
                     if key not in seen:
                         seen.add(key)
-                        entry = self._data[key]
+                        entry = self._data.get(key)
+                        if entry is None:
+                            continue  # made room for rows a change grew
                         if entry.table not in later:
                             self._apply(key, entry, told, tables, telling)
             # A fill running now may hold rows from before the write: who
@@ -402,17 +404,16 @@ class MemoryCache:
         entry.edge = _edge(entry.tables, value)
         self.patches += 1
         self.patched[key[0]] = self.patched.get(key[0], 0) + 1
-        if self.bytes > self.max_bytes:  # it grew: the others make room
-            for other in list(self._data):  # the least recently used first
-                if self.bytes <= self.max_bytes:
-                    break
-                if other != key:
-                    self._remove(other)
-                    self.evictions += 1
-            if self.bytes > self.max_bytes:  # it alone is too big
-                self._remove(key)
-                self.too_big += 1
-                return None
+        if size > self.max_bytes:  # too big alone: it goes, no other
+            self._remove(key)
+            self.too_big += 1
+            return None
+        # It grew: the others make room, the least recently used first
+        # (they are room enough: it is within the bound alone).
+        others = (other for other in list(self._data) if other != key)
+        while self.bytes > self.max_bytes:
+            self._remove(next(others))
+            self.evictions += 1
         return entry
 
     def _count_drop(self, key):
