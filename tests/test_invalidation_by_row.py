@@ -17,6 +17,7 @@ from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
 from pyramid_dbtune.cache.changes import tags_of
 from pyramid_dbtune.routing.touched import ROWS_TOLD
 from pyramid_dbtune.sql.conditions import (
+    foreign_reach,
     read_pins,
     told,
     value_tag,
@@ -188,19 +189,42 @@ CAPTIONS = {
 }
 
 
-def orm_remove(request):
-    request.dbsession.delete(request.dbsession.get(Property, 1))
-    return 'removed'
+def orm_write_of(how, what):
+    """A view that writes property 1 through ``request.dbsession``: by a
+    flush, a bulk statement or a text one; ``what``: ``'rent'`` (a
+    column no key refers to) or ``'delete'``."""
+    rent = sa.text('UPDATE property SET rent = 95 WHERE id = 1')
+
+    def view(request):
+        session = request.dbsession
+        if how == 'flush' and what == 'rent':
+            session.get(Property, 1).rent = 95
+        elif how == 'flush':
+            session.delete(session.get(Property, 1))
+        elif how == 'bulk' and what == 'rent':
+            session.execute(sa.update(Property).where(Property.id == 1)
+                            .values(rent=95))  # fmt: skip
+        elif how == 'bulk':
+            session.execute(sa.delete(Property).where(Property.id == 1))
+        elif what == 'rent':
+            session.execute(rent)
+        else:
+            session.execute(sa.text('DELETE FROM property WHERE id = 1'))
+        return 'written'
+
+    return view
 
 
-@pytest.mark.parametrize('orm', [False, True])
+@pytest.mark.parametrize('how', ['method', 'flush', 'bulk', 'text'])
 def test_a_write_drops_the_reads_its_foreign_keys_change(
-    server_url, apps, orm
+    server_url, apps, how
 ):
     # The database deletes a property's photos with it, and their captions
-    # with them (ON DELETE CASCADE); an insert changes no other table.
-    methods = [PHOTOS, CAPTIONS, REMOVE, ADD]
-    app = apps(server_url, methods, views={'/remove': orm_remove})
+    # with them (ON DELETE CASCADE); an insert, and an update of columns
+    # no key refers to, change no other table.
+    views = {f'/{w}': orm_write_of(how, w) for w in ('rent', 'delete')}
+    methods = [PHOTOS, CAPTIONS, REMOVE, ADD, SET_RENT]
+    app = apps(server_url, methods, views=views)
     engine = sa.create_engine(server_url)
     with engine.begin() as connection:
         for statement in (
@@ -216,11 +240,15 @@ def test_a_write_drops_the_reads_its_foreign_keys_change(
     reads = [('photos', {'pid': 1}), ('captions', {})]
     call(app, *reads)
     call(app, ('add', {'id': 7, 'area': 'Burley', 'rent': 1}))
+    if how == 'method':
+        call(app, ('set_rent', {'id': 1, 'rent': 95}))
+    elif how != 'bulk':  # which columns a bulk UPDATE sets: not told
+        app.post('/rent')
     assert [call(app, r)['cache']['hit'] for r in reads] == [1, 1]
-    if orm:
-        app.post('/remove')
-    else:
+    if how == 'method':
         call(app, ('remove', {'id': 1}))
+    else:
+        app.post('/delete')
     rows = [call(app, r)['results'][0]['rows'] for r in reads]
     assert rows == [[], [[1]]]
 
@@ -545,6 +573,20 @@ def test_write_shapes():
     assert shape.where is None and shape.sets == {'a': 'a', 'b': None}
     assert told(shape, ['a']) and not told(shape, ['a', 'b'])
     assert not told(shape, ['c']) and not told(None, ['a'])
+
+
+def test_how_a_write_may_change_other_tables_by_foreign_keys():
+    upsert = 'INSERT INTO t (a) VALUES (1) ON CONFLICT (a) DO UPDATE SET a = 2'
+    for sql, reach in (
+        ('INSERT INTO t VALUES (1)', (False, None)),
+        ('INSERT INTO t (a) SELECT a FROM u', (False, None)),
+        (upsert, (True, None)),
+        ('REPLACE INTO t VALUES (1)', (True, None)),  # MySQL: a DELETE too
+        ('UPDATE t SET a = :a, b = b + 1 WHERE id = :id', (True, {'a', 'b'})),
+        ('UPDATE t SET a = 1', (True, None)),
+        ('DELETE FROM t WHERE id = :id', (True, None)),
+    ):
+        assert foreign_reach(sql) == reach, sql
 
 
 def test_equal_values_have_one_tag_and_others_none():

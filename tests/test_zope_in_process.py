@@ -169,6 +169,7 @@ def test_a_zope_write_drops_the_reads_its_foreign_keys_change(
     create_tables(postgresql_url)
     dbtune = DBTune(parse({'dbtune.url': postgresql_url}))
     dbtune.register(SQLMethod('photos', 'SELECT id FROM photo', cache_time=60))
+    dbtune.register(SQLMethod('set', SET))
     database = Database(dbtune)
     try:
         database.query(
@@ -178,6 +179,12 @@ def test_a_zope_write_drops_the_reads_its_foreign_keys_change(
         database.query('INSERT INTO photo VALUES (10, 1)')
         transaction.commit()
         assert database.call(dbtune.methods['photos'], {}).tuples() == ((10,),)
+        # A rent, which no key refers to, changes no photo.
+        database.call(dbtune.methods['set'], {'id': 1, 'rent': 91})
+        database.query("INSERT INTO property VALUES (9, 'Burley', 1)")
+        transaction.commit()
+        database.call(dbtune.methods['photos'], {})
+        assert dbtune.cache.hits == 1
         database.query('DELETE FROM property WHERE id = 1')
         transaction.commit()
         assert database.call(dbtune.methods['photos'], {}).tuples() == ()

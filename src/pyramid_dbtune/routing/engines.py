@@ -92,16 +92,20 @@ _ON = ('ondelete', 'onupdate')
 
 
 def _children(inspector):
-    """``{table: tables whose foreign keys act on a change of it}`` in
-    the schema ``inspector`` looks at, names in lower case."""
+    """``{table: [(child, referred columns, acts on an update)]}``, by
+    the foreign keys of the schema ``inspector`` looks at that act on a
+    delete or an update of the table; names in lower case."""
     children = {}
     for (_, table), keys in inspector.get_multi_foreign_keys().items():
         for key in keys:
             options = key.get('options') or {}
-            acts = {options.get(o, '').upper() for o in _ON}
-            if acts & _ACTS and key['referred_schema'] is None:
-                parent = key['referred_table'].lower()
-                children.setdefault(parent, set()).add(table.lower())
+            deletes = options.get('ondelete', '').upper() in _ACTS
+            updates = options.get('onupdate', '').upper() in _ACTS
+            if (deletes or updates) and key['referred_schema'] is None:
+                referred = frozenset(map(str.lower, key['referred_columns']))
+                children.setdefault(key['referred_table'].lower(), []).append(
+                    (table.lower(), referred, updates)
+                )
     return children
 
 
@@ -239,23 +243,35 @@ class Router:
             )
         return known
 
-    def cascades(self, session, tables):
+    def cascades(self, session, tables, updated=None):
         """The tables, other than ``tables``, whose rows the database
-        changes in turn when rows of ``tables`` are deleted or updated:
-        those whose foreign keys say ``ON DELETE`` or ``ON UPDATE``
-        ``CASCADE``, ``SET NULL`` or ``SET DEFAULT``, however far. Read
-        from the database once, as ``session``'s connection finds them."""
+        changes in turn on a write of rows of ``tables``, by their foreign
+        keys' ``ON DELETE`` or ``ON UPDATE`` actions (``CASCADE``, ``SET
+        NULL``, ``SET DEFAULT``), however far. ``updated``: the columns
+        an UPDATE sets, which only the keys that refer to one of them and
+        act on an update follow; None for a delete, or a write whose
+        columns cannot be told. Read from the database once, as
+        ``session``'s connection finds them."""
         children = self._children
         if children is None:
             children = self._children = _children(
                 sa.inspect(session.connection())
             )
-        found, todo = set(), list(tables)
+        found = set()
+        todo = {
+            child
+            for table in tables
+            for child, referred, updates in children.get(table, ())
+            if updated is None
+            or (updates and not referred.isdisjoint(updated))
+        }
         while todo:
-            for child in children.get(todo.pop(), ()):
-                if child not in found:
-                    found.add(child)
-                    todo.append(child)
+            found |= todo
+            todo = {
+                child
+                for table in todo
+                for child, *_ in children.get(table, ())
+            } - found
         return found - set(tables)
 
     def dispose(self):

@@ -22,7 +22,7 @@ from sqlalchemy.orm import Session
 from sqlalchemy.sql.elements import TextClause
 
 from ..sql import analysis
-from ..sql.conditions import value_tag
+from ..sql.conditions import foreign_reach, value_tag
 from .work import UNIT
 
 _WHAT = 'request.dbsession'
@@ -85,13 +85,19 @@ def _before_flush(session, flush_context, instances):
         unit.begin_write({name}, _WHAT, tags)
         if tags is None:
             unit.count_untold(f'ORM {name}', name in pinned)
-    changing = {
-        table.name.lower()
-        for obj in (*changed, *session.deleted)
-        for table in sa.inspect(obj).mapper.tables
-    }
-    if changing:
-        unit.cascade(session, changing, _WHAT)
+    # What the database changes in turn, by foreign keys' actions.
+    for obj in (*changed, *session.deleted):
+        state = sa.inspect(obj)
+        tables = {table.name.lower() for table in state.mapper.tables}
+        updated = None  # deleted
+        if obj not in session.deleted:
+            updated = {
+                column.name.lower()
+                for prop in state.mapper.column_attrs
+                if state.attrs[prop.key].history.has_changes()
+                for column in prop.columns
+            }
+        unit.cascade(session, tables, _WHAT, updated)
     for table, states in stored.items():
         name = table.name.lower()
         if touched[name] is not None:
@@ -174,10 +180,14 @@ def _do_orm_execute(state):
     if unit is None or state.execution_options.get('dbtune_routed'):
         return  # not adopted, or a SQL method: routed already
     statement = state.statement
+    # An INSERT changes no other table; an UPDATE's columns, where told,
+    # are those that foreign keys may act on.
+    reaches, updated = not state.is_insert, None
     if isinstance(statement, TextClause):
         writes, tables = _analyse(statement.text)
         if not writes:
             return
+        reaches, updated = foreign_reach(statement.text)
     elif state.is_insert or state.is_update or state.is_delete:
         tables = {statement.table.name.lower()}
     # SELECT ... FOR UPDATE: SQLAlchemy says so only in this private
@@ -187,6 +197,8 @@ def _do_orm_execute(state):
     else:
         return
     unit.begin_write(tables, _WHAT)
+    if tables and reaches:
+        unit.cascade(state.session, tables, _WHAT, updated)
     unit.session_wrote(state.session)
 
 

@@ -28,7 +28,7 @@ from zope.sqlalchemy import mark_changed, register
 
 from ..cache.triggers import CHANNEL
 from ..convert import whole_number
-from ..sql.conditions import any_row
+from ..sql.conditions import any_row, foreign_reach
 from .connect import fetch
 from .errors import (
     WriteSlotTimeout,
@@ -336,11 +336,10 @@ class UnitOfWork:
             self._tags.update(tags)
             if change is not None:
                 self._changes.append(change)
-            shape = method.write_shape
-            if shape is None or shape.where is not None:  # no INSERT
-                self.cascade(
-                    session, method.tables, f'SQL method {method.name}()'
-                )
+            reaches, updated = foreign_reach(statement.text)
+            if reaches:
+                what = f'SQL method {method.name}()'
+                self.cascade(session, method.tables, what, updated)
         result = session.execute(
             statement, params, execution_options={'dbtune_routed': True}
         )
@@ -354,12 +353,12 @@ class UnitOfWork:
             self.session_wrote(session)
         return fetch(result, method.max_rows)
 
-    def cascade(self, session, tables, what):
+    def cascade(self, session, tables, what, updated=None):
         """Note the writes the database makes in turn of a write that
-        updates or deletes rows of ``tables`` (by its foreign keys'
-        actions, :meth:`Router.cascades`): every read of their tables is
-        dropped."""
-        children = self.router.cascades(session, tables)
+        updates (columns ``updated``) or deletes (None) rows of
+        ``tables``, by foreign keys' actions (:meth:`Router.cascades`):
+        every read of their tables is dropped."""
+        children = self.router.cascades(session, tables, updated)
         if children:
             self.begin_write(children, f'{what}, by foreign keys')
 

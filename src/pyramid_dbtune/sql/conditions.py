@@ -238,6 +238,23 @@ def write_shape(sql):
     return WriteShape(table, _where_text(sql), sets)
 
 
+@functools.lru_cache(maxsize=1024)
+def foreign_reach(sql):
+    """How a write ``sql`` may change other tables' rows, by their foreign
+    keys' actions: ``(False, None)`` for an ``INSERT`` (that updates no
+    row on a conflict), which changes none; ``(True, columns)`` for an
+    ``UPDATE`` that tells the columns it sets, which the keys that refer
+    to one of them follow; ``(True, None)`` for any other (a
+    ``DELETE``, say)."""
+    words = [w.lower() for w in _words(sql) or ()]
+    if words[:1] == ['insert'] and 'update' not in words:
+        return False, None
+    shape = write_shape(sql)
+    if shape is not None and shape.where is not None and shape.sets:
+        return True, frozenset(shape.sets)
+    return True, None
+
+
 def _insert(reader):
     words, lower = reader.words, reader.lower
     if lower[1:2] != ['into'] or not PLAIN.match(reader.at(2)):

@@ -31,7 +31,7 @@ from ..routing.lag import NO_POSITION, read_pin, sign_pin
 from ..routing.work import PIN_COOKIE, PIN_FOR
 from ..settings import parse
 from ..sql.analysis import analyse
-from ..sql.conditions import any_row
+from ..sql.conditions import any_row, foreign_reach
 from ..sql.method import call_key
 
 #: The ``<product-config>`` section of ``zope.conf`` that holds the
@@ -153,7 +153,7 @@ class Database:
         work = self._work(make=method.writes)
         if work is not None:
             if method.writes:
-                work.wrote(method.tables)
+                work.wrote(method.tables, statement.text)
             result = work.session.connection().execute(statement, bound)
             if method.writes:
                 mark_changed(work.session)
@@ -206,7 +206,7 @@ class Database:
             position = pin(self.dbtune.router)
             return _answer(self._read(sql, max_rows, tables, position))
         if writes:
-            work.wrote(tables)
+            work.wrote(tables, sql)
         result = work.session.connection().execute(_text(sql))
         rows = fetch(result, max_rows)
         if writes:
@@ -252,13 +252,15 @@ class _Work:
         self.session = Session(bind=router.writer)
         register(self.session)
 
-    def wrote(self, tables):
-        """Note a write of ``tables`` (None: which, it cannot tell): it
-        drops every read of them, pinned to rows or not, and of the tables
-        their foreign keys act on in turn."""
+    def wrote(self, tables, sql):
+        """Note a write ``sql`` of ``tables`` (None: which, it cannot
+        tell): it drops every read of them, pinned to rows or not, and of
+        the tables foreign keys change in turn."""
         known = tables is not None and self.tables is not None
-        if known:
-            tables = tables | self.dbtune.router.cascades(self.session, tables)
+        reaches, updated = foreign_reach(sql)
+        if known and reaches:
+            router = self.dbtune.router
+            tables = tables | router.cascades(self.session, tables, updated)
         self.tables = (
             self.tables | tables | {any_row(t) for t in tables}
             if known
