@@ -242,7 +242,14 @@ class Rows(Sequence):
         if not mutable:
             return self
         records = tuple(
-            type(record)(copy.deepcopy(tuple(record)))
+            type(record)(
+                [
+                    copy.deepcopy(value)
+                    if isinstance(value, _MUTABLE)
+                    else value
+                    for value in record
+                ]
+            )
             for record in self._records
         )
         own = object.__new__(Rows)
