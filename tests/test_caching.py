@@ -424,7 +424,12 @@ def test_equal_arguments_that_bind_otherwise_are_not_one_call(mysql_url, apps):
         'cache_time': 20,
     }
     echo = {'name': 'echo', 'sql': 'SELECT :x AS x', 'cache_time': 20}
-    app = apps(mysql_url, [after, echo], tables=False)
+    among = {
+        'name': 'among',
+        'sql': 'SELECT count(*) AS n FROM stay WHERE starts IN :times',
+        'cache_time': 20,
+    }
+    app = apps(mysql_url, [after, echo, among], tables=False)
     engine = sa.create_engine(mysql_url)
     with engine.begin() as connection:
         connection.exec_driver_sql('CREATE TABLE stay (starts DATETIME)')
@@ -439,6 +444,11 @@ def test_equal_arguments_that_bind_otherwise_are_not_one_call(mysql_url, apps):
         sql = context['request'].sql
         assert sql.after(since=utc)[0].n == 1
         assert sql.after(since=paris)[0].n == 0  # 14:00, as MariaDB sees it
+        at = utc + datetime.timedelta(minutes=30)
+        for times in ([at], (at,), {at}):
+            assert sql.among(times=times)[0].n == 1
+            shifted = type(times)(t.astimezone(paris.tzinfo) for t in times)
+            assert sql.among(times=shifted)[0].n == 0, times
         assert str(sql.echo(x=decimal.Decimal('1.0'))[0].x) == '1.0'
         assert str(sql.echo(x=decimal.Decimal('1.00'))[0].x) == '1.00'
     finally:

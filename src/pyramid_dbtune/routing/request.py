@@ -86,15 +86,6 @@ class RequestContext:
             self.write_seconds += elapsed
 
 
-def _freeze(value):
-    """A hashable stand-in for a list argument, its items' types kept."""
-    if isinstance(value, list | tuple):
-        return tuple([(type(v), v) for v in value])
-    if isinstance(value, set | frozenset):
-        return frozenset([(type(v), v) for v in value])
-    return value
-
-
 class BoundSQLMethod:
     """``request.sql.<name>``: a SQL method bound to one request."""
 
@@ -133,14 +124,10 @@ class BoundSQLMethod:
         try:
             hash(key)
         except TypeError:
-            key = (self._key, tuple([_freeze(v) for v in values]), key[2])
-            try:
-                hash(key)
-            except TypeError:
-                # bind() refuses a value it cannot bind; a ZSQL method's
-                # key holds only the values it binds, converted.
-                method.bind(params)  # raises the clear ValueError
-                raise  # pragma: no cover (bind() refused it)
+            # bind() refuses a value it cannot bind; a ZSQL method's key
+            # holds only the values it binds, converted.
+            method.bind(params)  # raises the clear ValueError
+            raise  # pragma: no cover (bind() refused it)
         rows, status = context.dbtune.cache.get_or_fill(
             key,
             self.cache_time,

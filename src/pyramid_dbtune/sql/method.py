@@ -61,17 +61,30 @@ _EQUAL_NOT_SAME = frozenset(
 )
 
 
+#: Types whose values are keyed item by item (``IN :ids``).
+_ITEMS = frozenset([list, tuple, set, frozenset])
+
+
 def call_key(prefix, values):
     """The cache key of a call of method ``prefix`` (its key) with
     ``values`` (:meth:`SQLMethod.values`): the values and their types (1,
     1.0 and True are equal, but not the same argument), and what equality
-    overlooks of a time or a decimal."""
+    overlooks of a time or a decimal; a list's items likewise."""
     types = tuple(map(type, values))
-    if not _EQUAL_NOT_SAME.isdisjoint(types):
-        values = tuple(
-            (v, repr(v)) if type(v) in _EQUAL_NOT_SAME else v for v in values
-        )
+    if not (_EQUAL_NOT_SAME.isdisjoint(types) and _ITEMS.isdisjoint(types)):
+        values = tuple(map(_keyed, values))
     return (prefix, values, types)
+
+
+def _keyed(value):
+    kind = type(value)
+    if kind in _EQUAL_NOT_SAME:
+        return (value, repr(value))
+    if kind is list or kind is tuple:
+        return tuple([(type(v), _keyed(v)) for v in value])
+    if kind is set or kind is frozenset:
+        return frozenset([(type(v), _keyed(v)) for v in value])
+    return value
 
 
 class SQLMethod:
