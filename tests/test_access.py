@@ -218,6 +218,21 @@ def test_a_refused_view_is_a_path_that_is_not_there():
     absent = app.get('/_dbtune/sekret', status=404)
     assert sorted(refused.headers.items()) == sorted(absent.headers.items())
     assert refused.text == absent.text.replace('sekret', 'secret')
+    # Nor by asking with another method than the view's, with the token
+    # or without: the profiler's reset and the probes are on here, and
+    # answer as they do where they are off.
+    on = make(**{'stats.token': TOKEN, 'profile': 'true', 'probes': 'true'})
+    off = make(**{'stats.token': TOKEN})
+    for method, path in (('get', 'profile/reset'), ('post', 'probe/io')):
+        for headers in ({}, {access.HEADER: TOKEN}):
+            answers = [
+                getattr(app, method)(f'/_dbtune/{path}', headers=headers,
+                                     status=404)
+                for app in (on, off)
+            ]  # fmt: skip
+            assert answers[0].text == answers[1].text, (method, path)
+    auth = {access.HEADER: TOKEN}
+    assert on.head('/_dbtune/probe/io', headers=auth).status_int == 200
 
 
 def test_every_view_shares_one_route():

@@ -96,12 +96,13 @@ def _secure(request, response):
     response.headerlist.extend(HEADERS)
 
 
-def guarded(view):
-    """Wrap ``view(request)`` to answer 404 unless :func:`allowed`."""
+def guarded(view, methods=()):
+    """Wrap ``view(request)`` to answer 404 unless :func:`allowed`, and
+    asked by one of ``methods`` (``()``: any)."""
 
     @functools.wraps(view)
     def guarded_view(context, request):
-        if not allowed(request):
+        if (methods and request.method not in methods) or not allowed(request):
             # As Pyramid's router says a path that is not there: nothing
             # tells a view that is on from one that is not.
             raise HTTPNotFound(request.path_info)
@@ -131,12 +132,15 @@ def add_view(config, pattern, view, **view_options):
     """Add ``view`` at ``/_dbtune/<pattern>``, on :data:`ROUTE`; call
     :func:`add_route` once after the last.
 
-    The view is guarded (:func:`guarded`); ``view_options`` go to
-    ``config.add_view`` (``renderer``, ``request_method``...).
+    The view is guarded (:func:`guarded`); ``request_method`` is checked
+    there too, not by a predicate, whose 404 would tell a view that is on;
+    the other ``view_options`` go to ``config.add_view`` (``renderer``...).
     """
     config.registry.dbtune.views.append(pattern)
+    method = view_options.pop('request_method', None)
+    methods = {'GET': ('GET', 'HEAD'), None: ()}.get(method, (method,))
     config.add_view(
-        guarded(view),
+        guarded(view, methods),
         route_name=ROUTE,
         match_param=f'view={pattern}',
         permission=NO_PERMISSION_REQUIRED,
