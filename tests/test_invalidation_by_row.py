@@ -161,15 +161,17 @@ def orm_dropped(app, body):
     ]
 
 
+DEAR = {
+    'name': 'dear',
+    'sql': 'SELECT id FROM property WHERE rent >= :least ORDER BY id',
+    'cache_time': 20,
+}
+
+
 def test_a_value_the_database_rounds_drops_the_table(server_url, apps):
     # 99.6 into an INTEGER column is 100: the write's rows as they will be
     # cannot be matched with a read of the rents of 100 and more.
-    dear = {
-        'name': 'dear',
-        'sql': 'SELECT id FROM property WHERE rent >= :least ORDER BY id',
-        'cache_time': 20,
-    }
-    app = apps(server_url, [dear, SET_RENT])
+    app = apps(server_url, [DEAR, SET_RENT])
     assert call(app, ('dear', {'least': 100}))['results'][0]['rows'] == [[2]]
     call(app, ('set_rent', {'id': 1, 'rent': 99.6}))
     assert call(app, ('dear', {'least': 100}))['results'][0]['rows'] == [

@@ -31,8 +31,6 @@ def _stored_as_given(value):
     """Whether a database stores ``value`` as it is: not a float or a
     decimal, which a column rounds to its scale (4.6 into an INTEGER is
     5), nor a date or time, which a column may cut or move to its zone."""
-    if isinstance(value, bool):
-        return False
     return value is None or isinstance(value, int | str)
 
 
