@@ -143,6 +143,8 @@ def orm_write(request):
     for name in ('rent', 'area'):
         if name in params:
             setattr(one, name, params[name])
+    if 'delete' in params:
+        session.delete(one)
     return 'ok'
 
 
@@ -296,6 +298,7 @@ def test_an_orm_flush_drops_the_reads_of_its_rows(orm_app):
     assert orm_dropped(
         orm_app, {'new': {'id': 7, 'area': 'Hyde Park', 'rent': 1}}
     ) == [2, 5]
+    assert orm_dropped(orm_app, {'delete': True}) == [1, 3, 5]  # in Burley
 
 
 def test_an_orm_flush_of_values_not_loaded_drops_the_table(orm_app):
