@@ -71,7 +71,7 @@ def _before_flush(session, flush_context, instances):
                 tags = _tags(state, table, columns)
                 if columns and tags is not None:
                     # What the database sets itself is not what is given.
-                    itself = unit.router.sets_itself(session, name)
+                    itself = unit.router.schema.sets_itself(session, name)
                     if itself is None or not itself.isdisjoint(columns):
                         tags = None
                 touched[name] = (

@@ -59,11 +59,11 @@ def touched(unit, method, params, session):
     columns = sorted(set(keys) | watched.get(table, set()))
     if not columns:
         return (), None, None
-    itself = unit.router.sets_itself(session, table)
+    itself = unit.router.schema.sets_itself(session, table)
     if (
         method.list_params
         or not told(shape, columns)
-        or not set(columns) <= unit.router.columns(session, table)
+        or not set(columns) <= unit.router.schema.columns(session, table)
         or itself is None
         or not itself.isdisjoint(columns)  # a generated column, say
     ):

@@ -356,9 +356,10 @@ class UnitOfWork:
     def cascade(self, session, tables, what, updated=None):
         """Note the writes the database makes in turn of a write that
         updates (columns ``updated``) or deletes (None) rows of
-        ``tables``, by foreign keys' actions (:meth:`Router.cascades`):
-        every read of their tables is dropped."""
-        children = self.router.cascades(session, tables, updated)
+        ``tables``, by foreign keys' actions
+        (:meth:`~.schema.Schema.cascades`): every read of their tables is
+        dropped."""
+        children = self.router.schema.cascades(session, tables, updated)
         if children:
             self.begin_write(children, f'{what}, by foreign keys')
 

@@ -260,7 +260,9 @@ class _Work:
         reaches, updated = foreign_reach(sql)
         if known and reaches:
             router = self.dbtune.router
-            tables = tables | router.cascades(self.session, tables, updated)
+            tables = tables | router.schema.cascades(
+                self.session, tables, updated
+            )
         self.tables = (
             self.tables | tables | {any_row(t) for t in tables}
             if known

@@ -1,0 +1,125 @@
+"""What the writer's catalog tells of the tables a write changes, read
+once a table: their columns, those the database sets itself, and the
+tables their foreign keys' actions change in turn."""
+
+import sqlalchemy as sa
+
+#: Whether a table has a trigger that may change the rows written, by
+#: dialect: one that runs before they are written on MySQL, whose later
+#: triggers cannot write their own table; any on PostgreSQL (but the
+#: package's own) and SQLite; any table, elsewhere.
+_ANY_TRIGGER = sa.text('SELECT 1')
+_BEFORE_TRIGGERS = {
+    # By name, not to_regclass(), which fails on a name such as 'a b'.
+    'postgresql': sa.text(
+        'SELECT count(*) FROM pg_trigger t JOIN pg_class c ON '
+        'c.oid = t.tgrelid WHERE c.relname = :t AND '
+        'pg_table_is_visible(c.oid) AND NOT t.tgisinternal AND '
+        "t.tgname NOT LIKE 'dbtune\\_%'"
+    ),
+    'sqlite': sa.text(
+        "SELECT count(*) FROM sqlite_master WHERE type = 'trigger' AND "
+        'tbl_name = :t'
+    ),
+    **dict.fromkeys(
+        ('mysql', 'mariadb'),
+        sa.text(
+            'SELECT count(*) FROM information_schema.triggers WHERE '
+            'event_object_schema = DATABASE() AND event_object_table = :t '
+            "AND action_timing = 'BEFORE'"
+        ),
+    ),
+}
+_ACTS = frozenset(['CASCADE', 'SET NULL', 'SET DEFAULT'])
+
+
+def _children(inspector):
+    """``{table: [(child, referred columns, acts on an update)]}``, by
+    the foreign keys of the schema ``inspector`` looks at that act on a
+    delete or an update of the table; names in lower case."""
+    children = {}
+    for (_, table), keys in inspector.get_multi_foreign_keys().items():
+        for key in keys:
+            options = key.get('options') or {}
+            deletes = options.get('ondelete', '').upper() in _ACTS
+            updates = options.get('onupdate', '').upper() in _ACTS
+            if (deletes or updates) and key['referred_schema'] is None:
+                referred = frozenset(map(str.lower, key['referred_columns']))
+                children.setdefault(key['referred_table'].lower(), []).append(
+                    (table.lower(), referred, updates)
+                )
+    return children
+
+
+class Schema:
+    """The catalog of the writer of dialect ``dialect``, as the
+    connections of writes find it; ``router.schema``."""
+
+    def __init__(self, dialect):
+        self.dialect = dialect
+        #: table: its columns, and those the database sets itself
+        self._columns = {}
+        #: table: the tables whose foreign keys act on a change of it
+        self._children = None
+
+    def columns(self, session, table):
+        """The names of ``table``'s columns on the writer, in lower case,
+        as ``session``'s connection finds them (once); none if it does
+        not."""
+        return self._table(session, table)[0]
+
+    def sets_itself(self, session, table):
+        """The columns of ``table`` whose values the database may set
+        itself on a write, whatever the write gives: its generated
+        columns, or all of them (None) where a trigger may change the
+        rows written."""
+        return self._table(session, table)[1]
+
+    def _table(self, session, table):
+        known = self._columns.get(table)
+        if known is None:
+            connection = session.connection()
+            try:
+                found = sa.inspect(connection).get_columns(table)
+            except sa.exc.NoSuchTableError:
+                found = []
+            before = _BEFORE_TRIGGERS.get(self.dialect, _ANY_TRIGGER)
+            triggered = connection.execute(before, {'t': table}).scalar()
+            known = self._columns[table] = (
+                {c['name'].lower() for c in found},
+                None
+                if triggered
+                else {c['name'].lower() for c in found if c.get('computed')},
+            )
+        return known
+
+    def cascades(self, session, tables, updated=None):
+        """The tables, other than ``tables``, whose rows the database
+        changes in turn on a write of rows of ``tables``, by their foreign
+        keys' ``ON DELETE`` or ``ON UPDATE`` actions (``CASCADE``, ``SET
+        NULL``, ``SET DEFAULT``), however far. ``updated``: the columns
+        an UPDATE sets, which only the keys that refer to one of them and
+        act on an update follow; None for a delete, or a write whose
+        columns cannot be told. Read from the database once, as
+        ``session``'s connection finds them."""
+        children = self._children
+        if children is None:
+            children = self._children = _children(
+                sa.inspect(session.connection())
+            )
+        found = set()
+        todo = {
+            child
+            for table in tables
+            for child, referred, updates in children.get(table, ())
+            if updated is None
+            or (updates and not referred.isdisjoint(updated))
+        }
+        while todo:
+            found |= todo
+            todo = {
+                child
+                for table in todo
+                for child, *_ in children.get(table, ())
+            } - found
+        return found - set(tables)
