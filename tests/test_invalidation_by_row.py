@@ -398,6 +398,77 @@ def test_a_column_the_database_sets_itself_drops_the_table(
     assert answer['results'][0]['rows'] == [[1], [2]]
 
 
+class Order(Rent):
+    __tablename__ = 'orders'
+    id: Mapped[int] = mapped_column(primary_key=True)
+    status: Mapped[str]
+    tags: Mapped[str | None]
+
+
+def orm_ship(request):
+    request.dbsession.get(Order, 1).status = 'shipped'
+    return 'shipped'
+
+
+@pytest.mark.parametrize('how', ['method', 'orm'])
+def test_an_enum_read_by_its_place_is_dropped_by_name(mysql_url, apps, how):
+    # MariaDB compares an ENUM with a number by the member's place: a read
+    # of status 2 is one of 'shipped', and a write of either drops it.
+    methods = [
+        {'name': 'by_status', 'sql': 'SELECT id FROM orders WHERE status = '
+         ':status ORDER BY id', 'cache_time': 20},
+        {'name': 'ship', 'sql': 'UPDATE orders SET status = :status '
+         'WHERE id = :id'},
+    ]  # fmt: skip
+    app = apps(mysql_url, methods, tables=False, views={'/ship': orm_ship})
+    engine = sa.create_engine(mysql_url)
+    with engine.begin() as connection:
+        connection.exec_driver_sql(
+            'CREATE TABLE orders (id INTEGER PRIMARY KEY, status ENUM('
+            "'pending', 'shipped') NOT NULL, tags SET('a', 'b'))"
+        )
+        connection.exec_driver_sql(
+            "INSERT INTO orders VALUES (1, 'pending', 'a'), "
+            "(2, 'shipped', 'b')"
+        )
+    engine.dispose()
+    for status in (2, 'Shipped'):
+        call(app, ('by_status', {'status': status}))
+    if how == 'method':
+        call(app, ('ship', {'id': 1, 'status': 'shipped'}))
+    else:
+        app.post('/ship')
+    for status in (2, 'Shipped'):
+        answer = call(app, ('by_status', {'status': status}))
+        assert answer['results'][0]['rows'] == [[1], [2]], status
+    # A write by the place: the reads by the name are dropped.
+    pending = call(app, ('by_status', {'status': 'pending'}))
+    assert pending['results'][0]['rows'] == []
+    call(app, ('ship', {'id': 2, 'status': 1}))
+    answer = call(app, ('by_status', {'status': 'pending'}))
+    assert answer['results'][0]['rows'] == [[2]]
+
+
+def test_a_set_read_by_a_number_is_dropped_by_any_write(mysql_url, apps):
+    # A MySQL SET compared with a number is compared by its bits.
+    methods = [
+        {'name': 'tagged', 'sql': 'SELECT id FROM label WHERE tags = :tags',
+         'cache_time': 20},
+        {'name': 'tag', 'sql': 'UPDATE label SET tags = :tags WHERE id = :id'},
+    ]  # fmt: skip
+    app = apps(mysql_url, methods, tables=False)
+    engine = sa.create_engine(mysql_url)
+    with engine.begin() as connection:
+        connection.exec_driver_sql(
+            "CREATE TABLE label (id INTEGER PRIMARY KEY, tags SET('a', 'b'))"
+        )
+        connection.exec_driver_sql("INSERT INTO label VALUES (1, 'a')")
+    engine.dispose()
+    assert call(app, ('tagged', {'tags': 2}))['results'][0]['rows'] == []
+    call(app, ('tag', {'id': 1, 'tags': 'b'}))
+    assert call(app, ('tagged', {'tags': 2}))['results'][0]['rows'] == [[1]]
+
+
 def test_a_mapping_without_a_pinned_column_drops_the_table(sqlite_url, apps):
     def view(request):
         request.dbsession.get(RentOnly, 4).rent = 1

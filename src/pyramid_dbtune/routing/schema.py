@@ -3,6 +3,7 @@ once a table: their columns, those the database sets itself, and the
 tables their foreign keys' actions change in turn."""
 
 import sqlalchemy as sa
+from sqlalchemy.dialects import mysql
 
 #: Whether a table has a trigger that may change the rows written, by
 #: dialect: one that runs before they are written on MySQL, whose later
@@ -57,7 +58,7 @@ class Schema:
 
     def __init__(self, dialect):
         self.dialect = dialect
-        #: table: its columns, and those the database sets itself
+        #: table: its columns, those the database sets itself, its enums
         self._columns = {}
         #: table: the tables whose foreign keys act on a change of it
         self._children = None
@@ -75,6 +76,12 @@ class Schema:
         rows written."""
         return self._table(session, table)[1]
 
+    def enums(self, session, table):
+        """``{column: its members}`` of ``table``'s MySQL ``ENUM``
+        columns, which MySQL compares with a number by the member's place
+        (1 for the first): each value has two names."""
+        return self._table(session, table)[2]
+
     def _table(self, session, table):
         known = self._columns.get(table)
         if known is None:
@@ -85,11 +92,21 @@ class Schema:
                 found = []
             before = _BEFORE_TRIGGERS.get(self.dialect, _ANY_TRIGGER)
             triggered = connection.execute(before, {'t': table}).scalar()
+            # A MySQL SET compared with a number is compared by its bits:
+            # its rows are not told by value either.
+            itself = {
+                c['name'].lower()
+                for c in found
+                if c.get('computed') or isinstance(c['type'], mysql.SET)
+            }
             known = self._columns[table] = (
                 {c['name'].lower() for c in found},
-                None
-                if triggered
-                else {c['name'].lower() for c in found if c.get('computed')},
+                None if triggered else itself,
+                {
+                    c['name'].lower(): tuple(c['type'].enums)
+                    for c in found
+                    if isinstance(c['type'], mysql.ENUM)
+                },
             )
         return known
 
@@ -123,3 +140,15 @@ class Schema:
                 for child, *_ in children.get(table, ())
             } - found
         return found - set(tables)
+
+
+def aliases(members, value):
+    """The other names of ``value`` in an ``ENUM`` of ``members``: its
+    place for a member's name, the name for a place; none for another
+    value."""
+    if isinstance(value, str):
+        folded = value.strip().casefold()
+        return [i for i, m in enumerate(members, 1) if m.casefold() == folded]
+    if type(value) is int and 0 < value <= len(members):
+        return [members[value - 1]]
+    return []

@@ -23,6 +23,7 @@ from sqlalchemy.sql.elements import TextClause
 
 from ..sql import analysis
 from ..sql.conditions import foreign_reach, value_tag
+from .schema import aliases
 from .work import UNIT
 
 _WHAT = 'request.dbsession'
@@ -68,10 +69,12 @@ def _before_flush(session, flush_context, instances):
             name = table.name.lower()
             if touched.get(name, ()) is not None:
                 columns = pinned.get(name, ())
-                tags = _tags(state, table, columns)
+                schema = unit.router.schema
+                enums = schema.enums(session, name) if columns else {}
+                tags = _tags(state, table, columns, enums)
                 if columns and tags is not None:
                     # What the database sets itself is not what is given.
-                    itself = unit.router.schema.sets_itself(session, name)
+                    itself = schema.sets_itself(session, name)
                     if itself is None or not itself.isdisjoint(columns):
                         tags = None
                 touched[name] = (
@@ -140,10 +143,11 @@ def _stored(session, table, states, columns, updating):
     return None if None in tags else tags
 
 
-def _tags(state, table, columns):
+def _tags(state, table, columns, enums):
     """The tags of the rows the flush of ``state`` touches in ``table``,
     as they were and as they will be, by the ``columns`` that reads of it
-    are pinned by; None where they cannot be told (a value not loaded, a
+    are pinned by (and by the other name of a value of MySQL ``ENUM``
+    ``enums``); None where they cannot be told (a value not loaded, a
     default the database gives)."""
     tags = set()
     for column in columns:
@@ -157,11 +161,13 @@ def _tags(state, table, columns):
             history.added and not history.deleted and not state.pending
         ):
             return None
+        members = enums.get(column, ())
         for value in values:
-            tag = value_tag(table.name.lower(), column, value)
-            if tag is None:
-                return None
-            tags.add(tag)
+            for name in (value, *aliases(members, value)):
+                tag = value_tag(table.name.lower(), column, name)
+                if tag is None:
+                    return None
+                tags.add(tag)
     return tags
 
 

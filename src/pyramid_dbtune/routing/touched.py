@@ -6,6 +6,7 @@ import sqlalchemy as sa
 
 from ..sql.conditions import any_row, told, value_tag
 from ..sql.shapes import Change
+from .schema import aliases
 
 #: A write that touches more rows than this drops its table's reads whole.
 MAX_ROWS_TOLD = 100
@@ -32,6 +33,18 @@ def _stored_as_given(value):
     decimal, which a column rounds to its scale (4.6 into an INTEGER is
     5), nor a date or time, which a column may cut or move to its zone."""
     return value is None or isinstance(value, int | str)
+
+
+def _tags(unit, session, table, columns, rows):
+    """The tags of ``rows`` of ``table`` by ``columns``: by each value,
+    and by its other name in a MySQL ``ENUM``."""
+    enums = unit.router.schema.enums(session, table)
+    return {
+        value_tag(table, column, name)
+        for row in rows
+        for column in columns
+        for name in (row[column], *aliases(enums.get(column, ()), row[column]))
+    }
 
 
 def touched(unit, method, params, session):
@@ -92,7 +105,7 @@ def touched(unit, method, params, session):
         found = (table, len(old))
         if rows and shape.sets:  # an UPDATE: the rows as they will be
             rows = [*old, *({**row, **new} for row in old)]
-    tags = {value_tag(table, c, row[c]) for row in rows or () for c in keys}
+    tags = _tags(unit, session, table, keys, rows or ())
     if rows is None or None in tags:
         unit.count_untold(method.name, True)
         return (any_row(table),), found, None
