@@ -3,6 +3,7 @@ matches it and is applied to it (``pyramid_dbtune.sql.shapes``,
 ``pyramid_dbtune.sql.patch``)."""
 
 import datetime
+import decimal
 from decimal import Decimal
 
 import pytest
@@ -445,6 +446,15 @@ def test_groups_count_sum_and_keep_their_least_and_most():
     # Sums of floats depend on their order.
     floats = areas(('Burley', 1, 70, 70, 70.5, 1))
     assert patch(AREAS, floats, {}, [], [row(2, 71, 'Burley')], 0) is None
+    # The database's sum of decimals is exact, to more digits than
+    # Python's 28: so is the patched one.
+    low, high = decimal.Decimal(1), decimal.Decimal(100)
+    big = decimal.Decimal('12345678901.123456789012345678')
+    decimals = areas(('Burley', 1, low, high, big, 1))
+    fine = decimal.Decimal('50.000000000000000001')
+    more = patch(AREAS, decimals, {}, [], [row(2, fine, 'Burley')], 0)
+    exact = decimal.Decimal('12345678951.123456789012345679')
+    assert more.tuples()[0][4] == exact
     nulls = areas(('Burley', 1, None, None, None, 1))
     assert patch(AREAS, nulls, {}, [], [row(2, None, 'Burley')], 0).tuples(
     ) == (('Burley', 2, None, None, None, 2),)  # fmt: skip

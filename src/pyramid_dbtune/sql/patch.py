@@ -13,6 +13,9 @@ from .shapes import UNEQUAL, compare, holds_for, tests_of
 _NONE = type(None)
 
 
+_EXACT = decimal.Context(prec=1000, traps=[decimal.Inexact])
+
+
 class _Unsure(Exception):
     """What a patch cannot be sure of: the rows are dropped."""
 
@@ -295,7 +298,10 @@ def _aggregate(row, n, aggregate, value, sign, floors):
             raise _Unsure  # a float's sum depends on the order it is made
         if sign < 0:
             raise _Unsure  # the last value leaving makes it NULL, not 0
-        row[n] = value if current is None else current + value
+        # The database's sum of decimals is exact; Python's context keeps
+        # 28 digits (one that this one would round is not patched).
+        with decimal.localcontext(_EXACT):
+            row[n] = value if current is None else current + value
         return
     lower = aggregate == 'min'
     floor = floors.get((id(row), n))
