@@ -111,6 +111,23 @@ def test_a_change_made_outside_drops_the_reads_of_its_rows(server_url, apps):
     assert call(app, ('search', {'area': 'Burley'}))['cache']['hit'] == 1
 
 
+def test_a_change_by_a_replica_session_is_heard(postgresql_url, apps):
+    # Logical replication's apply, or a bulk loader, writes with
+    # session_replication_role = replica, where only ALWAYS triggers fire.
+    app = listening(postgresql_url, apps)
+    call(app, ('get', {'id': 1}))
+    wait = heard(app)
+    outside(
+        postgresql_url,
+        'SET LOCAL session_replication_role = replica',
+        'UPDATE property SET rent = 96 WHERE id = 1',
+    )
+    wait()
+    assert call(app, ('get', {'id': 1}))['results'][0]['rows'] == [
+        [1, 'Headingley', 96]
+    ]
+
+
 def test_a_mariadb_url_listens(mysql_url, apps):
     # A mariadb:// URL (SQLAlchemy's "mariadb" dialect) installs the
     # triggers and hears a change as a mysql:// one does.

@@ -171,6 +171,11 @@ def trigger_sql(engine, tables, drop=False):
                     + f' FOR EACH STATEMENT EXECUTE FUNCTION '
                     f'dbtune_changed({args})'
                 )
+                # Fired in a session whose session_replication_role is
+                # replica too: logical replication's, a bulk loader's.
+                statements.append(
+                    f'ALTER TABLE {quoted} ENABLE ALWAYS TRIGGER {name}'
+                )
             else:
                 # MySQL: the keys alone (a change is matched, not patched:
                 # its transaction cannot be placed against a fill's).
