@@ -30,6 +30,7 @@ from conftest import (
     METHODS,
     READS,
     Proxy,
+    _postgresql_schema,
     call,
     create_tables,
     in_a_child,
@@ -126,6 +127,27 @@ def test_a_change_by_a_replica_session_is_heard(postgresql_url, apps):
     assert call(app, ('get', {'id': 1}))['results'][0]['rows'] == [
         [1, 'Headingley', 96]
     ]
+
+
+def test_another_schemas_table_of_that_name_is_not_this_apps(
+    postgresql_url, apps
+):
+    # A schema a tenant: the same tables, each with the triggers, in one
+    # database, whose notices all go on one channel.
+    app = listening(postgresql_url, apps)
+    other, drop = _postgresql_schema()
+    try:
+        listening(other, apps)
+        call(app, ('search', {'area': 'Burley'}))
+        wait = heard(app)
+        outside(other, "INSERT INTO property VALUES (9, 'Burley', 1)")
+        outside(postgresql_url, 'UPDATE property SET rent = 71 WHERE id = 4')
+        wait()  # its own schema's notice: the other's came before it
+        assert call(app, ('search', {'area': 'Burley'}))['results'][0][
+            'rows'
+        ] == [[4, 71]]
+    finally:
+        drop()
 
 
 def test_a_mariadb_url_listens(mysql_url, apps):

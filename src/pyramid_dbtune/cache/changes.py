@@ -41,7 +41,14 @@ import sqlalchemy as sa
 from ..deploy import forks
 from ..sql.conditions import any_row, value_tag
 from ..sql.shapes import Change
-from .triggers import CHANNEL, ORIGIN, tables_to_watch, watched
+from .triggers import (
+    CHANNEL,
+    ORIGIN,
+    read_notice,
+    schemas_of,
+    tables_to_watch,
+    watched,
+)
 
 log = logging.getLogger(__name__)
 
@@ -216,6 +223,7 @@ class Listener:
                     'result was dropped'
                 )
         self.triggered = frozenset(watched(connection))
+        self.schemas = schemas_of(connection)
         missing = sorted(set(tables_to_watch(self.dbtune)) - self.triggered)
         if missing:
             log.warning(
@@ -330,20 +338,14 @@ class Listener:
         self._connected(connection)
         while not self._stopping.is_set():
             for notice in driver.notifies(timeout=self.every, stop_after=64):
-                message = json.loads(notice.payload, parse_float=Decimal)
-                if 's' in message:  # a commit of an app, heard of
-                    self._heard(message['s'])
-                    continue
-                told = None
-                if 'old' in message:
-                    told = {'old': message['old'], 'new': message['new']}
-                xid = message.get('x')
-                self.apply(
-                    message['t'],
-                    told,
-                    message.get('o'),
-                    None if xid is None else int(xid),
-                )
+                read = read_notice(notice.payload, self.schemas)
+                if read is None:
+                    continue  # another schema's table of that name
+                token, *change = read
+                if token is not None:  # a commit of an app, heard of
+                    self._heard(token)
+                else:
+                    self.apply(*change)
             self._check(connection)
 
     def _changes(self, connection):
@@ -460,12 +462,8 @@ class ChangeLog:
             if id_ not in self.seen:
                 self.seen.add(id_)
                 self.missing.discard(id_)
-                if apply is not None:
-                    changed = (
-                        None
-                        if cols is None
-                        else json.loads(cols, parse_float=Decimal)
-                    )
+                if apply is not None:  # the images, where it tells them
+                    changed = cols and json.loads(cols, parse_float=Decimal)
                     apply(table, changed, origin)
 
 

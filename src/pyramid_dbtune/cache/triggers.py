@@ -11,6 +11,9 @@ Both send the writer's :data:`ORIGIN`, so that a listener can pass over
 what the app's own commits dropped already.
 """
 
+import json
+from decimal import Decimal
+
 from ..sql.conditions import PLAIN
 
 #: PostgreSQL's channel, and MySQL's table of changes.
@@ -95,7 +98,8 @@ BEGIN
     EXIT WHEN TG_OP = 'TRUNCATE' OR split IS NULL
       OR greatest(counted_gone, counted_came) > {MAX_ROWS};
     message := jsonb_build_object(
-      't', TG_TABLE_NAME, 'o', current_setting('{ORIGIN}', true),
+      't', TG_TABLE_NAME, 'n', TG_TABLE_SCHEMA,
+      'o', current_setting('{ORIGIN}', true),
       'x', pg_current_xact_id()::text, 'u', gen_random_uuid(),
       'old', coalesce(gone, '[]'), 'new', coalesce(came, '[]'))::text;
     EXIT WHEN octet_length(message) <= 7900;
@@ -103,7 +107,8 @@ BEGIN
   END LOOP;
   IF message IS NULL THEN
     message := jsonb_build_object(
-      't', TG_TABLE_NAME, 'o', current_setting('{ORIGIN}', true))::text;
+      't', TG_TABLE_NAME, 'n', TG_TABLE_SCHEMA,
+      'o', current_setting('{ORIGIN}', true))::text;
   END IF;
   PERFORM pg_notify('{CHANNEL}', message);
   RETURN NULL;
@@ -210,6 +215,39 @@ def install(engine, tables, drop=False):
     with engine.begin() as connection:
         for statement in statements:
             connection.exec_driver_sql(statement)
+
+
+def schemas_of(connection):
+    """``{table: schema}`` of the tables that ``connection``'s search
+    path finds, on PostgreSQL (a notice names its table's schema); none
+    elsewhere."""
+    if connection.dialect.name != 'postgresql':
+        return {}
+    found = connection.exec_driver_sql(
+        'SELECT c.relname, n.nspname FROM pg_class c JOIN pg_namespace n '
+        "ON n.oid = c.relnamespace WHERE c.relkind IN ('r', 'p') AND "
+        'pg_table_is_visible(c.oid)'
+    )
+    return dict(found.all())
+
+
+def read_notice(payload, schemas):
+    """``(token, table, told, origin, xid)`` of a PostgreSQL notice: an
+    app's commit heard of (``token``), or a change (``told``: the images
+    of its rows, or None). None for a change of another schema's table
+    of the same name than ``schemas`` (:func:`schemas_of`) finds: another
+    tenant's, say."""
+    message = json.loads(payload, parse_float=Decimal)
+    if 's' in message:
+        return message['s'], None, None, None, None
+    table, schema = message['t'], message.get('n')
+    if schema is not None and schemas.get(table, schema) != schema:
+        return None
+    told = None
+    if 'old' in message:
+        told = {'old': message['old'], 'new': message['new']}
+    xid = message.get('x')
+    return None, table, told, message.get('o'), xid and int(xid)
 
 
 def watched(connection):
