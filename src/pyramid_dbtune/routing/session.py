@@ -93,14 +93,14 @@ def _before_flush(session, flush_context, instances):
         state = sa.inspect(obj)
         tables = {table.name.lower() for table in state.mapper.tables}
         updated = None  # deleted
-        if obj not in session.deleted:
+        if id(obj) not in deleted:
             updated = {
                 column.name.lower()
                 for prop in state.mapper.column_attrs
                 if state.attrs[prop.key].history.has_changes()
                 for column in prop.columns
             }
-        unit.cascade(session, tables, _WHAT, updated)
+        unit.cascade(session, tables, updated)
     for table, states in stored.items():
         name = table.name.lower()
         if touched[name] is not None:
@@ -204,7 +204,7 @@ def _do_orm_execute(state):
         return
     unit.begin_write(tables, _WHAT)
     if tables and reaches:
-        unit.cascade(state.session, tables, _WHAT, updated)
+        unit.cascade(state.session, tables, updated)
     unit.session_wrote(state.session)
 
 

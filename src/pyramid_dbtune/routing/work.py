@@ -79,11 +79,6 @@ class UnitOfWork:
         self.cache = cache
         #: True from the first write until its transaction ends.
         self.dirty = False
-        #: True when reads must go to the writer (pinned after a write).
-        self.pinned = False
-        #: With causal reads, the log position the client's reads must see
-        #: (its last commit's, from its pin).
-        self.position = NO_POSITION
         self.write_wait = 0.0
         self._session = self._reader = None
         #: The transaction it serves, once it serves one.
@@ -104,6 +99,11 @@ class UnitOfWork:
     def _read_pin(self, request):
         """Pin the unit as the client of ``request`` is pinned."""
         router = self.router
+        #: True when reads must go to the writer (pinned after a write).
+        self.pinned = False
+        #: With causal reads, the log position the client's reads must see
+        #: (its last commit's, from its pin).
+        self.position = NO_POSITION
         # The cookie is read only where a pin can mean something: webob
         # parses every cookie of the request to find it.
         timed = router.replicas and router.settings.pin_after_write
@@ -146,7 +146,6 @@ class UnitOfWork:
         """Serve ``request``, the next in the transaction of a request
         that ended before it wrote."""
         self.request = request
-        self.pinned, self.position = False, NO_POSITION
         self._read_pin(request)
         if self._session is not None and not request.registry.dbtune.adopts:
             self.adopt(self._session)  # a reader for its pin
@@ -338,8 +337,7 @@ class UnitOfWork:
                 self._changes.append(change)
             reaches, updated = foreign_reach(statement.text)
             if reaches:
-                what = f'SQL method {method.name}()'
-                self.cascade(session, method.tables, what, updated)
+                self.cascade(session, method.tables, updated)
         result = session.execute(
             statement, params, execution_options={'dbtune_routed': True}
         )
@@ -353,15 +351,15 @@ class UnitOfWork:
             self.session_wrote(session)
         return fetch(result, method.max_rows)
 
-    def cascade(self, session, tables, what, updated=None):
+    def cascade(self, session, tables, updated=None):
         """Note the writes the database makes in turn of a write that
         updates (columns ``updated``) or deletes (None) rows of
         ``tables``, by foreign keys' actions
         (:meth:`~.schema.Schema.cascades`): every read of their tables is
-        dropped."""
+        dropped. The write has begun (its slot taken)."""
         children = self.router.schema.cascades(session, tables, updated)
         if children:
-            self.begin_write(children, f'{what}, by foreign keys')
+            self.begin_write(children, 'foreign keys')
 
     def count_untold(self, name, tags):
         """Count a write of ``name`` whose rows were not told, where it
