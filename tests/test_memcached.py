@@ -355,6 +355,61 @@ def test_a_lock_held_with_no_fill_coming_fills_itself(
         filling.join(10)
 
 
+def test_a_fill_that_failed_lets_the_next_read_fill_at_once(
+    sqlite_url, memcached, apps
+):
+    # Another process's fill failed (its database went away, say): the
+    # next read, there or here, does not wait for the lock it took.
+    cache = shared_cache(sqlite_url, memcached, apps)
+    other = apps(sqlite_url, [], shared_settings(memcached), tables=False)
+    other = other.app.registry.dbtune.cache
+    key, tables = ('k', (4,), (int,)), frozenset(['t'])
+    with pytest.raises(ZeroDivisionError):
+        other.get_or_fill(key, 60, tables, lambda: 1 / 0)
+    client = Client(('127.0.0.1', memcached.port))
+    before = client.stats()[b'cmd_get']
+    got = cache.get_or_fill(key, 60, tables, lambda: one_row('x'))
+    assert got == (one_row('x'), 'miss')
+    # The keys of its read, once; no asking again for another's rows.
+    gets = client.stats()[b'cmd_get'] - before
+    assert gets == len(cache.hit_keys(key, tables))
+    client.close()
+
+
+def test_rows_that_cannot_be_stored_keep_nobody_waiting(
+    sqlite_url, memcached, apps
+):
+    # Another process fills rows the codec cannot share: once it has,
+    # a read waiting for them fills at once, not half a second later.
+    cache = shared_cache(sqlite_url, memcached, apps)
+    key, tables = ('k', (5,), (int,)), frozenset(['t'])
+    release, filling = slow_fill_elsewhere(
+        sqlite_url, memcached, apps, key, 60, Rows(['x'], [(object(),)])
+    )
+    client = Client(('127.0.0.1', memcached.port))
+    before = client.stats()[b'cmd_get']
+    got = []
+    reading = threading.Thread(
+        target=lambda: got.append(
+            cache.get_or_fill(key, 60, tables, lambda: one_row('mine'))
+        )
+    )
+    reading.start()
+    read = len(cache.hit_keys(key, tables))
+    deadline = time.monotonic() + 10
+    while client.stats()[b'cmd_get'] - before <= read:  # it waits
+        assert time.monotonic() < deadline
+    release.set()
+    filling.join(10)
+    reading.join(10)
+    assert got == [(one_row('mine'), 'miss')]
+    # A few asks of its entry and the lock (two keys each), where half a
+    # second's wait asks 24 times.
+    asked = client.stats()[b'cmd_get'] - before - read
+    assert 2 <= asked < 16, asked
+    client.close()
+
+
 def test_threads_of_one_process_share_one_fill(sqlite_url, memcached, apps):
     app = apps(sqlite_url, [], shared_settings(memcached))
     cache = app.app.registry.dbtune.cache

@@ -394,7 +394,7 @@ class MemcachedCache(ServerCalls):
                 return stale, STALE
             if not mine and generations is not None:
                 # Another process fills it: wait a little for its rows.
-                rows = self._wait_for(name, generations)
+                rows = self._wait_for(name, lock, generations)
                 if rows is not None:
                     with self._counting:
                         self.waited += 1
@@ -402,11 +402,15 @@ class MemcachedCache(ServerCalls):
                     return rows, WAITED
             with self._counting:
                 self.misses += 1
-            rows = fill(*args)
-            if generations is not None:
-                self._store(name, rows, ttl, generations)
-            if mine:
-                self._on(server, None, 'delete', lock)
+            try:
+                rows = fill(*args)
+                if generations is not None:
+                    self._store(name, rows, ttl, generations)
+            finally:
+                if mine:
+                    # Stored, or nothing will be (a fill that failed, rows
+                    # that cannot be stored): those waiting fill at once.
+                    self._on(server, None, 'delete', lock)
         except BaseException as exc:
             future.set_exception(exc)
             raise
@@ -417,19 +421,24 @@ class MemcachedCache(ServerCalls):
                 del self._inflight[flight]
         return rows, MISS
 
-    def _wait_for(self, name, generations, waits=_WAITS):
+    def _wait_for(self, name, lock, generations, waits=_WAITS):
         """Rows another process stores under ``name`` for ``generations``
-        within about half a second, or None. Asked again soon at first (a
-        fill mostly takes milliseconds), then less often."""
+        within about half a second, or None: at once when its ``lock`` is
+        gone with none stored (its fill failed, or its rows cannot be
+        stored). Asked again soon at first (a fill mostly takes
+        milliseconds), then less often."""
         for pause in waits:
             time.sleep(pause)
             server = self._server(name)
             emptied = self._emptied
-            value = self._on(server, {}, 'get_many', [name]).get(name)
+            got = self._on(server, {}, 'get_many', [name, lock])
+            value = got.get(name)
             entry = self._entry(name, value) if value is not None else None
             if entry is not None and entry[1] == generations:
                 self._remember(name, value, entry, emptied)
                 return entry[0]
+            if lock not in got:
+                return None
         return None
 
     def _store(self, name, rows, ttl, generations):
