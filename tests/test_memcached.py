@@ -928,6 +928,58 @@ def test_a_read_after_a_write_does_not_wait_for_a_fill_begun_before(
     assert rows == one_row('new')
 
 
+def test_with_memcached_down_a_read_after_a_write_fills_anew(
+    sqlite_url, memcached, apps
+):
+    # memcached cannot tell the generations: a read that begins after
+    # this process's write is not given the rows of a fill begun before.
+    cache = shared_cache(sqlite_url, memcached, apps)
+    memcached.stop()
+    started, release = threading.Event(), threading.Event()
+
+    def before_the_write():
+        started.set()
+        release.wait(10)
+        return one_row('old')
+
+    key, tables = ('k', (6,), (int,)), frozenset(['t'])
+    results = []
+    filling = threading.Thread(
+        target=lambda: results.append(
+            cache.get_or_fill(key, 60, tables, before_the_write)
+        )
+    )
+    filling.start()
+    started.wait(10)
+    cache.invalidate(tables)  # a write, committed while the fill runs
+    timer = threading.Timer(5, release.set)  # were it to wait for it
+    timer.start()
+    try:
+        got = cache.get_or_fill(key, 60, tables, lambda: one_row('new'))
+    finally:
+        release.set()
+        timer.cancel()
+        filling.join(10)
+    assert got == (one_row('new'), 'miss')
+    assert results == [(one_row('old'), 'miss')]
+    # Reads that begin together, with no write between, still share one.
+    started.clear()
+    release.clear()
+    filling = threading.Thread(
+        target=lambda: results.append(
+            cache.get_or_fill(key, 60, tables, before_the_write)
+        )
+    )
+    filling.start()
+    started.wait(10)
+    threading.Timer(0.2, release.set).start()
+    assert cache.get_or_fill(key, 60, tables, lambda: 1 / 0) == (
+        one_row('old'),
+        'waited',
+    )
+    filling.join(10)
+
+
 def test_an_unknown_write_leaves_no_copy_of_what_it_dropped(
     sqlite_url, memcached, apps
 ):

@@ -366,9 +366,10 @@ class MemcachedCache(ServerCalls):
     def _fill(self, name, ttl, generations, stale, fill, args):
         # A fill is for the generations its read found: a read that found
         # newer ones (a write committed since) does not wait for it, here
-        # or in another process, and is not given its rows.
+        # or in another process, and is not given its rows. Where memcached
+        # could not tell them, for this process's writes so far.
         of = '' if generations is None else _digest(repr(generations))
-        flight = (name, of)
+        flight = (name, of or self.invalidations)
         with self._lock:
             future = self._inflight.get(flight)
             leader = future is None
