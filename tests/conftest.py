@@ -552,6 +552,10 @@ class Proxy:
                 end.shutdown(socket.SHUT_RDWR)
 
     def cut(self):
+        # Shut down first: on Linux that ends an accept() under way, which
+        # would keep the port bound after close(); mend() binds it again.
+        with contextlib.suppress(OSError):
+            self._listener.shutdown(socket.SHUT_RDWR)
         self._listener.close()
         self._listener = None
         with self._lock:

@@ -4,6 +4,7 @@ processes sharing them, servers killed and restarted mid-load."""
 import datetime
 import decimal
 import json
+import logging
 import subprocess
 import sys
 import threading
@@ -571,7 +572,7 @@ def test_a_missed_server_that_cannot_take_its_epoch_bump_is_a_miss(
     app = apps(sqlite_url, [], shared_settings(memcached))
     cache = app.app.registry.dbtune.cache
     server = cache._server('x')
-    cache._missed.add(server.address)
+    cache._missed[server.address] = 1
     memcached.stop()
     assert cache._on(server, 'default', 'get', 'x') == 'default'
     assert server.address in cache._missed
@@ -821,6 +822,97 @@ def test_a_missed_invalidation_given_up_waits_for_the_next_use(
     assert rows_of(call(reader, search)) == [[1, 90], [2, 120]]  # stale
     call(writer, search)  # its next use of the server bumps the epoch
     assert rows_of(call(reader, search)) == [[1, 99], [2, 120]]
+    proxy.cut()
+
+
+def write_cut_off(proxy, cache, tables):
+    """A write whose invalidation ``proxy`` cuts off: missed."""
+    proxy.cut()
+    cache.invalidate(tables)
+    proxy.mend()
+
+
+def test_a_write_missed_while_another_is_made_good_is_not_lost(
+    sqlite_url, memcached, apps, monkeypatch
+):
+    # The writer's epoch bump for its first missed write is under way in
+    # one thread when another thread's write misses: the second is made
+    # good by a bump of its own, at the writer's next use of the server.
+    monkeypatch.setattr(servers, 'MEND_FOR', 0)  # no mender: next use
+    proxy, writer, reader = writer_through_a_proxy(sqlite_url, memcached, apps)
+    writer = writer.app.registry.dbtune.cache
+    reader = reader.app.registry.dbtune.cache
+    (server,) = writer.by_address.values()
+    key, tables = ('k', (7,), (int,)), frozenset(['t'])
+    write_cut_off(proxy, writer, tables)
+    time.sleep(0.3)  # the client's dead_retry (0.2 s) runs out
+    bumped, go = threading.Event(), threading.Event()
+
+    def bump_then_wait():
+        client = server.client()  # this thread's
+        incr = client.incr
+
+        def held(*args, **kw):
+            result = incr(*args, **kw)
+            bumped.set()
+            go.wait(10)
+            return result
+
+        client.incr = held
+        writer.get_or_fill(('other', (), ()), 60, tables, lambda: one_row(0))
+
+    making_good = threading.Thread(target=bump_then_wait)
+    making_good.start()
+    try:
+        assert bumped.wait(10)
+        assert reader.get_or_fill(key, 60, tables, lambda: one_row('old'))
+        write_cut_off(proxy, writer, tables)  # missed, while it bumps
+    finally:
+        go.set()
+        making_good.join(10)
+    time.sleep(0.3)
+    writer.get_or_fill(('other', (), ()), 60, tables, lambda: one_row(0))
+    got = reader.get_or_fill(key, 60, tables, lambda: one_row('new'))
+    assert got == (one_row('new'), 'miss')
+    proxy.cut()
+
+
+def test_a_write_missed_as_the_mender_ends_is_made_good(
+    sqlite_url, memcached, apps, monkeypatch
+):
+    # The writer's mender has made a missed write good and is ending as
+    # another write misses: a mender makes that one good too, though the
+    # writer serves no request.
+    monkeypatch.setattr(servers, 'MEND_EVERY', 0.02)
+    proxy, writer, reader = writer_through_a_proxy(sqlite_url, memcached, apps)
+    writer = writer.app.registry.dbtune.cache
+    reader = reader.app.registry.dbtune.cache
+    key, tables = ('k', (8,), (int,)), frozenset(['t'])
+    ending, go = threading.Event(), threading.Event()
+
+    class Held(logging.Handler):
+        def emit(self, record):
+            if 'made good' in record.getMessage() and not go.is_set():
+                ending.set()
+                go.wait(10)
+
+    logger = logging.getLogger('pyramid_dbtune.cache.memcached')
+    held = Held()
+    logger.addHandler(held)
+    try:
+        write_cut_off(proxy, writer, tables)
+        assert ending.wait(10)  # made good, and the mender ends
+        assert reader.get_or_fill(key, 60, tables, lambda: one_row('old'))
+        write_cut_off(proxy, writer, tables)
+    finally:
+        go.set()
+        logger.removeHandler(held)
+    deadline = time.monotonic() + 5
+    while reader.get_or_fill(key, 60, tables, lambda: one_row('new'))[0] != (
+        one_row('new')
+    ):
+        assert time.monotonic() < deadline, 'the reader stayed stale'
+        time.sleep(0.02)
     proxy.cut()
 
 

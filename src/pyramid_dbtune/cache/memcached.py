@@ -117,7 +117,7 @@ class MemcachedCache(ServerCalls):
         #: How many times the memo was emptied: a read that began before
         #: does not put back what it found.
         self._emptied = 0
-        self._missed = set()
+        self._missed = {}
         self._names = {}
         self._generation_keys = {}
         self._table_keys = {}

@@ -54,10 +54,10 @@ class Server:
 class ServerCalls:
     """What :class:`~pyramid_dbtune.cache.memcached.MemcachedCache` does
     with its servers, apart from what it asks them. It holds the state:
-    ``by_address``, ``_missed`` (addresses), ``_mender`` (a thread or
-    None), ``_lock``, ``_counting``, ``errors``,
-    ``_recheck`` and ``_timeouts``; and names the epoch's key
-    (``_generation_key(EPOCH)``)."""
+    ``by_address``, ``_missed`` (addresses, each with how many
+    invalidations it missed), ``_mender`` (a thread or None), ``_lock``,
+    ``_counting``, ``errors``, ``_recheck`` and ``_timeouts``; and names
+    the epoch's key (``_generation_key(EPOCH)``)."""
 
     def _call(self, server, default, method, *args, **kw):
         """``method(*args, **kw)`` of ``server``'s client, a failure as
@@ -116,11 +116,17 @@ class ServerCalls:
         that none of its entries is served again; False if it cannot be
         told."""
         epoch = self._generation_key(EPOCH)
+        address = server.address
+        seen = self._missed.get(address)
         # None: memcached lost the epoch (a restart), and with it every
         # entry that depends on it.
         if self._call(server, FAILED, 'incr', epoch, 1) is FAILED:
             return False
-        self._missed.discard(server.address)
+        with self._lock:
+            # One missed meanwhile (another thread's write) is made good
+            # by the next bump, not by this one, which may come before it.
+            if self._missed.get(address) == seen:
+                self._missed.pop(address, None)
         return True
 
     def _missed_invalidation(self, address):
@@ -130,7 +136,7 @@ class ServerCalls:
         may serve no request for a while (:data:`MEND_EVERY`,
         :data:`MEND_FOR`)."""
         with self._lock:
-            self._missed.add(address)
+            self._missed[address] = self._missed.get(address, 0) + 1
             if self._mender is None or not self._mender.is_alive():
                 self._mender = threading.Thread(
                     target=self._mend,
@@ -151,18 +157,29 @@ class ServerCalls:
             for address in list(self._missed):
                 told.add(address)
                 self._make_good(self.by_address[address])
-            if not self._missed:
+            if self._ended(lambda: not self._missed):
                 log.warning(
                     'memcached %s: missed invalidation made good',
                     self._named(told),
                 )
                 return
+        self._ended(lambda: True)
         log.error(
             'memcached %s: missed invalidation not made good in %d s; it is '
             "at this process's next use of the server",
             self._named(self._missed),
             MEND_FOR,
         )
+
+    def _ended(self, done):
+        """Whether the mender ends, as ``done()`` says under the lock
+        that a missed invalidation is noted under: one noted after it
+        starts a mender of its own."""
+        with self._lock:
+            if done():
+                self._mender = None
+                return True
+            return False
 
     def _named(self, addresses):
         """``host:port`` of each of ``addresses``, in order."""
