@@ -1072,6 +1072,17 @@ def test_with_memcached_down_a_read_after_a_write_fills_anew(
     filling.join(10)
 
 
+def test_a_write_of_rows_nobody_read_leaves_nothing_in_memcached(
+    sqlite_url, memcached, apps
+):
+    cache = shared_cache(sqlite_url, memcached, apps)
+    client = Client(('127.0.0.1', memcached.port))
+    before = client.stats()[b'curr_items']
+    cache.invalidate([f't:id:{n}' for n in range(50)])
+    assert client.stats()[b'curr_items'] == before
+    client.close()
+
+
 def test_an_unknown_write_leaves_no_copy_of_what_it_dropped(
     sqlite_url, memcached, apps
 ):

@@ -486,7 +486,7 @@ class MemcachedCache(ServerCalls):
                     # read again.
                     self._missed_invalidation(address)
                     break
-                if bumped is None:  # never set: nothing depends on it
-                    self._seed(server, table)
+                # None: never set (or evicted), so no entry holds it; the
+                # next read starts it at a number of its own.
         with self._counting:
             self.invalidations += 1
