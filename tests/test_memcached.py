@@ -173,6 +173,21 @@ def test_values_over_the_item_limit_are_not_stored(
     assert app.app.registry.dbtune.cache.too_big == 2
 
 
+def test_an_entry_memcached_would_refuse_is_too_big_not_an_outage(
+    sqlite_url, memcached, apps, caplog
+):
+    # memcached's 1 MiB counts the key and its item header too: an entry
+    # of a little under 1 MiB is not sent, to be refused as an error.
+    cache = shared_cache(sqlite_url, memcached, apps)
+    key, tables = ('k', (9,), (int,)), frozenset(['t'])
+    empty = len(encode(Rows(['x'], [('',)]), {'t': 2**47, 'e': 2**47}, 1e9))
+    rows = Rows(['x'], [('a' * (2**20 - 32 - empty - 40),)])
+    for _ in range(2):
+        assert cache.get_or_fill(key, 60, tables, lambda: rows)[1] == 'miss'
+    assert (cache.too_big, cache.errors) == (2, 0)
+    assert 'failed' not in caplog.text
+
+
 def test_two_servers_share_the_keys_and_losing_one_loses_its_share(
     sqlite_url, memcached, memcached2, apps
 ):

@@ -166,8 +166,9 @@ TABLE = (
         'Seconds a server that failed is left alone before it is tried '
         'again.')),
     Setting('cache.item_limit', as_bytes, 1024 * 1024, shown='``1MiB``', doc=(
-        "Results whose entry is larger are not stored (memcached's own item "
-        'limit, ``-I``, is 1 MiB by default).')),
+        "Results whose entry is larger, its key and memcached's item "
+        "header counted, are not stored (memcached's own item limit, "
+        '``-I``, is 1 MiB by default).')),
     Setting('cache.max_entries', positive_int, 10000, doc=(
         'At most this many results are kept; the least recently used go '
         'first. With memcached, at most this many verified entries are kept '

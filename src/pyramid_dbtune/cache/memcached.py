@@ -41,6 +41,9 @@ log = logging.getLogger(__name__)
 FORMAT = 1
 _SIGNATURE = 32  # bytes of HMAC-SHA256
 _LOCK_TIME = 5  # seconds a fill lock lives, if its holder dies
+#: Bytes memcached's item limit (``-I``) counts besides the key and the
+#: value: its item header, the CAS and the flags (about 60 in 1.6).
+ITEM_HEADER = 100
 #: How many tables' key lists are remembered (and eight times as many
 #: entry names, routes and generation keys), then forgotten at once.
 MEMO_SIZE = 512
@@ -451,7 +454,7 @@ class MemcachedCache(ServerCalls):
                 self.unencodable += 1
             return
         value = self._sign(name, payload)
-        if len(value) > self.item_limit:
+        if len(value) + len(name) + ITEM_HEADER > self.item_limit:
             with self._counting:
                 self.too_big += 1
             return
