@@ -778,6 +778,38 @@ def test_large_arguments_are_not_kept_by_the_key_memo(
     assert kept <= 4 * 2**20, f'{kept / 2**20:.1f} MiB kept'
 
 
+def test_entries_kept_decoded_are_bounded_by_max_bytes(
+    sqlite_url, memcached, apps
+):
+    """40 entries of 300 KB each, read twice (the second read keeps it
+    decoded): a process bound to 1 MiB keeps at most about that."""
+    import gc
+    import tracemalloc
+
+    settings = shared_settings(memcached, **{'dbtune.cache.max_bytes': '1MiB'})
+    cache = apps(sqlite_url, [], settings).app.registry.dbtune.cache
+    tables = frozenset(['t'])
+
+    def read(n):
+        return cache.get_or_fill(
+            ('k', (n,), (int,)), 60, tables, lambda: one_row(f'{n}' * 300_000)
+        )
+
+    read(-1), read(-1)  # warm
+    gc.collect()
+    tracemalloc.start()
+    try:
+        before = tracemalloc.get_traced_memory()[0]
+        for n in range(40):
+            read(n)
+            assert read(n)[1] == 'hit'
+        gc.collect()
+        kept = tracemalloc.get_traced_memory()[0] - before
+    finally:
+        tracemalloc.stop()
+    assert kept <= 2 * 2**20, f'{kept / 2**20:.1f} MiB kept'
+
+
 def writer_through_a_proxy(url, memcached, apps):
     """A proxy to memcached, an app that writes through it, and one that
     reads memcached directly: two processes, as far as caches go."""

@@ -178,7 +178,8 @@ TABLE = (
         'At most about this much memory is held by cached results: a number '
         'of bytes, or with a unit (``500KB``, ``64MiB``, ``1GB``; ``KB`` is '
         '1000 bytes and ``KiB`` 1024). A single result larger than this is '
-        'never stored.')),
+        'never stored. With memcached, it bounds the verified entries each '
+        'process keeps decoded.')),
     Setting('cache.default_time', as_seconds, 0, doc=(
         'Seconds to cache the results of SQL methods that name no '
         '``cache_time`` of their own (``0``: not cached).')),

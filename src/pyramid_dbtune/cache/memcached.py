@@ -32,7 +32,7 @@ from ..deploy import forks
 from ..sql.analysis import ANY_TABLE
 from . import MAX_EXPIRY
 from .codec import Unencodable, decode, encode
-from .memory import HIT, MISS, STALE, WAITED, key_size
+from .memory import HIT, MISS, STALE, WAITED, estimate_size, key_size
 from .servers import EPOCH, FAILED, Server, ServerCalls
 
 log = logging.getLogger(__name__)
@@ -94,8 +94,10 @@ class MemcachedCache(ServerCalls):
         self.dropped = {}
         #: Entries kept decoded in this process once a read found them
         #: signed and of the current generations (and served from it, for
-        #: reads that no write invalidates): at most this many.
+        #: reads that no write invalidates): at most this many, of at most
+        #: about this many bytes.
         self.memo_size = settings.cache_max_entries
+        self.memo_bytes = settings.cache_max_bytes
         self._undecodable = False
         self.after_fork()
         forks.renew_after_fork(self)
@@ -117,6 +119,7 @@ class MemcachedCache(ServerCalls):
         self._mender = None
         self._inflight = {}
         self._memo = OrderedDict()
+        self._memo_held = 0  # bytes
         #: How many times the memo was emptied: a read that began before
         #: does not put back what it found.
         self._emptied = 0
@@ -320,11 +323,21 @@ class MemcachedCache(ServerCalls):
         known = self._memo.get(name)
         if known is not None and known[1] is entry:
             return  # a hit of what it holds: no lock taken
+        size = estimate_size((), entry[0])
+        if size > self.memo_bytes:
+            return
         with self._lock:
             if self._emptied == emptied:
-                self._memo[name] = (bytes(value[:_SIGNATURE]), entry)
-                if len(self._memo) > self.memo_size:
-                    self._memo.popitem(last=False)
+                known = self._memo.pop(name, None)
+                if known is not None:
+                    self._memo_held -= known[2]
+                self._memo[name] = (bytes(value[:_SIGNATURE]), entry, size)
+                self._memo_held += size
+                while (
+                    len(self._memo) > self.memo_size
+                    or self._memo_held > self.memo_bytes
+                ):
+                    self._memo_held -= self._memo.popitem(last=False)[1][2]
 
     def get_or_fill(self, key, ttl, tables, fill, *args):
         name = self.entry_key(key)
@@ -475,6 +488,7 @@ class MemcachedCache(ServerCalls):
             # here (other processes keep theirs until their time runs out).
             with self._lock:
                 self._memo.clear()
+                self._memo_held = 0
                 self._emptied += 1
         now = time.monotonic()
         for address, server in self.by_address.items():
