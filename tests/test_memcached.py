@@ -22,6 +22,7 @@ from pyramid.scripting import prepare
 from pyramid_dbtune import Rows
 from pyramid_dbtune.cache import memcached as memcached_module
 from pyramid_dbtune.cache import servers
+from pyramid_dbtune.cache.codec import sign
 from pyramid_dbtune.cache.memcached import decode, encode
 
 from conftest import (
@@ -755,7 +756,7 @@ def test_a_signed_entry_that_does_not_decode_is_a_miss(
     client = Client(('127.0.0.1', memcached.port), default_noreply=False)
     cache._memo.clear()
     for _ in range(2):
-        client.set(name, cache._sign(name, payload))
+        client.set(name, sign(SECRET.encode(), name, payload))
         # From the database, every time: 200, not a 500.
         answer = call(app, ('search', {'area': 'Headingley'}))
         assert rows_of(answer) == HEADINGLEY

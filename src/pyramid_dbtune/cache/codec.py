@@ -2,18 +2,44 @@
 generations and their expiry, as compact JSON with tagged values.
 
 Never a pickle: a value that does not decode is rejected, and cannot run
-code. Signing is the backend's (:mod:`.memcached`), before this reads.
+code. What is stored is signed (:func:`sign`), and its signature checked
+(:func:`opened`) before it is decoded.
 """
 
 import base64
 import datetime
 import decimal
+import hmac
 import json
 import uuid
 import zoneinfo
 
 from ..routing.lag import Position
 from ..sql.rows import Rows
+
+#: Bytes of the signature a stored value begins with (HMAC-SHA256).
+SIGNATURE = 32
+
+
+def sign(secret, name, payload):
+    """``payload``, to be stored under key ``name``, signed with ``secret``
+    (bytes): the HMAC-SHA256 of the key and the payload, then the
+    payload."""
+    mac = hmac.new(secret, name.encode('utf-8') + b'\0', 'sha256')
+    mac.update(payload)
+    return mac.digest() + payload
+
+
+def opened(secret, name, value):
+    """The payload of ``value``, found under key ``name``, if its signature
+    under ``secret`` holds; else None."""
+    if len(value) <= SIGNATURE:
+        return None
+    mac = hmac.new(secret, name.encode('utf-8') + b'\0', 'sha256')
+    mac.update(memoryview(value)[SIGNATURE:])
+    if not hmac.compare_digest(mac.digest(), value[:SIGNATURE]):
+        return None
+    return value[SIGNATURE:]
 
 
 class Unencodable(TypeError):

@@ -18,7 +18,6 @@ takes no lock on the hit path), the server of a key chosen by pymemcache's
 """
 
 import hashlib
-import hmac
 import logging
 import secrets
 import threading
@@ -31,7 +30,7 @@ from pymemcache.client.rendezvous import RendezvousHash
 from ..deploy import forks
 from ..sql.analysis import ANY_TABLE
 from . import MAX_EXPIRY
-from .codec import Unencodable, decode, encode
+from .codec import SIGNATURE, Unencodable, decode, encode, opened, sign
 from .memory import HIT, MISS, STALE, WAITED, estimate_size, key_size
 from .servers import EPOCH, FAILED, Server, ServerCalls
 
@@ -39,7 +38,6 @@ log = logging.getLogger(__name__)
 
 #: The layout of keys and values; a new one never reads an old one.
 FORMAT = 1
-_SIGNATURE = 32  # bytes of HMAC-SHA256
 _LOCK_TIME = 5  # seconds a fill lock lives, if its holder dies
 #: Bytes memcached's item limit (``-I``) counts besides the key and the
 #: value: its item header, the CAS and the flags (about 60 in 1.6).
@@ -176,23 +174,6 @@ class MemcachedCache(ServerCalls):
             )
         return name
 
-    # Signing
-
-    def _sign(self, name, payload):
-        mac = hmac.new(self._secret, name.encode('utf-8') + b'\0', 'sha256')
-        mac.update(payload)
-        return mac.digest() + payload
-
-    def _open(self, name, value):
-        """The payload of ``value`` if its signature holds, else None."""
-        if len(value) <= _SIGNATURE:
-            return None
-        mac = hmac.new(self._secret, name.encode('utf-8') + b'\0', 'sha256')
-        mac.update(memoryview(value)[_SIGNATURE:])
-        if not hmac.compare_digest(mac.digest(), value[:_SIGNATURE]):
-            return None
-        return value[_SIGNATURE:]
-
     # memcached, with failures as misses
 
     # An entry's generations live on the entry's own server, so that a hit
@@ -288,9 +269,9 @@ class MemcachedCache(ServerCalls):
         somebody without the secret, and then it is these verified rows
         that are served, not that rest."""
         memo = self._memo.get(name)
-        if memo is not None and memo[0] == value[:_SIGNATURE]:
+        if memo is not None and memo[0] == value[:SIGNATURE]:
             return memo[1]
-        payload = self._open(name, value)
+        payload = opened(self._secret, name, value)
         if payload is None:
             with self._counting:
                 self.rejected += 1
@@ -331,7 +312,7 @@ class MemcachedCache(ServerCalls):
                 known = self._memo.pop(name, None)
                 if known is not None:
                     self._memo_held -= known[2]
-                self._memo[name] = (bytes(value[:_SIGNATURE]), entry, size)
+                self._memo[name] = (bytes(value[:SIGNATURE]), entry, size)
                 self._memo_held += size
                 while (
                     len(self._memo) > self.memo_size
@@ -466,7 +447,7 @@ class MemcachedCache(ServerCalls):
             with self._counting:
                 self.unencodable += 1
             return
-        value = self._sign(name, payload)
+        value = sign(self._secret, name, payload)
         if len(value) + len(name) + ITEM_HEADER > self.item_limit:
             with self._counting:
                 self.too_big += 1
