@@ -596,6 +596,29 @@ def test_pg_casts_and_slices_of_bound_values(postgresql_url):
         engine.dispose()
 
 
+def test_numbers_are_bound_as_zopes_literals_were_typed(db_url):
+    # On PostgreSQL: a NULL test of an int has a type; two small ints
+    # multiply past a smallint; a float's text keeps all its digits.
+    method = zsql(
+        'SELECT <dtml-sqlvar a type=int optional> IS NULL AS absent, '
+        '<dtml-sqlvar b type=int> * <dtml-sqlvar b type=int> AS product, '
+        '<dtml-sqlvar c type=float> AS exact, '
+        'CAST(<dtml-sqlvar d type=float optional> AS DECIMAL) IS NULL AS none',
+        'a b c d',
+    )
+    engine = sa.create_engine(db_url)
+    try:
+        with engine.connect() as connection:
+            row = connection.execute(
+                *method.bind({'b': 300, 'c': '1234567890.123456789'})
+            ).one()
+    finally:
+        engine.dispose()
+    assert (row.absent, row.product, row.none) == (1, 90000, 1)
+    if not db_url.startswith('sqlite'):  # whose numbers are floats
+        assert row.exact == decimal.Decimal('1234567890.123456789')
+
+
 def mysql_modes(url):
     """Engines on ``url``: as it is, and, for MySQL, each sql_mode that
     changes how strings are read."""

@@ -7,9 +7,7 @@ import math
 import re
 
 from . import analysis
-from .method import (
-    _SCALARS,
-)
+from .method import _SCALARS
 
 
 class _Absent:
@@ -71,14 +69,18 @@ class Render:
         self.skeleton = choices is not None
         self.binds = {}
         self.expanding = set()
+        #: ``type=int`` and ``type=float`` values' names, and their type
+        self.kinds = {}
 
     def get(self, arg):
         return self.args.get(arg, ABSENT)
 
-    def bind(self, name, value, expanding=False):
+    def bind(self, name, value, expanding=False, kind=None):
         self.binds[name] = value
         if expanding:
             self.expanding.add(name)
+        if kind in _NUMBERS:
+            self.kinds[name] = kind
         return f'\0{name}\0'
 
     def fail(self, exc_type, arg, what):
@@ -110,16 +112,20 @@ _NUMBERS = {'int': (int, 'an integer'), 'float': (float, 'a number')}
 
 
 def _number(kind, value):
-    """``value`` as an int or a float, or None if it is not one."""
+    """``value`` as an int, or for ``float`` as a float (a decimal where it
+    was text or a decimal, kept exact as Zope's text was); None if it is
+    not one."""
     number = _NUMBERS[kind][0]
     if isinstance(value, str | bytes):
         value = value.strip()
+        if kind == 'float':
+            return _decimal(value)
     elif isinstance(value, bool):
         return None
     elif isinstance(value, decimal.Decimal):
-        if kind == 'int' and not (
-            value.is_finite() and value == value.to_integral_value()
-        ):
+        if kind == 'float':
+            return _decimal(value)
+        if not (value.is_finite() and value == value.to_integral_value()):
             return None
     elif not isinstance(value, int | float):
         return None
@@ -132,6 +138,20 @@ def _number(kind, value):
     if isinstance(value, float) and not math.isfinite(value):
         return None
     return value
+
+
+def _decimal(value):
+    """``value``, text or a decimal, as a finite decimal, or None."""
+    try:
+        if not math.isfinite(float(value)):  # what Zope checked, and less
+            return None
+        number = decimal.Decimal(
+            value.decode('ascii') if isinstance(value, bytes) else value
+        )
+    except (ValueError, UnicodeDecodeError, decimal.InvalidOperation):
+        return None
+    # Every digit kept (+ 0 would round to 28), but -0 bound as 0.
+    return number.copy_abs() if number.is_zero() else number
 
 
 def _convert(render, arg, kind, value):
@@ -179,7 +199,7 @@ class SQLVar:
     def render(self, r):
         value = r.get(self.arg)
         if r.skeleton:
-            return r.bind(self.name, None)
+            return r.bind(self.name, None, kind=self.kind)
         if value is ABSENT:
             if not self.optional:
                 r.fail(TypeError, self.arg, 'is missing')
@@ -190,7 +210,7 @@ class SQLVar:
             value = None
         if value is not None:
             value = _convert(r, self.arg, self.kind, value)
-        return r.bind(self.name, value)
+        return r.bind(self.name, value, kind=self.kind)
 
 
 def _items(value):
@@ -216,7 +236,8 @@ class SQLTest:
 
     def render(self, r):
         if r.skeleton:
-            return f'{self.column} {self.op} {r.bind(self.name, None)}'
+            bound = r.bind(self.name, None, kind=self.kind)
+            return f'{self.column} {self.op} {bound}'
         value = r.get(self.arg)
         if value is ABSENT:
             if self.optional:
@@ -244,9 +265,11 @@ class SQLTest:
                 return ''
             r.fail(ValueError, self.arg, 'was given no value')
         if len(values) == 1:
-            return f'{self.column} {self.op} {r.bind(self.name, values[0])}'
+            bound = r.bind(self.name, values[0], kind=self.kind)
+            return f'{self.column} {self.op} {bound}'
         negate = 'NOT ' if self.op == '<>' else ''
-        return f'{self.column} {negate}IN {r.bind(self.name, values, True)}'
+        bound = r.bind(self.name, values, True, kind=self.kind)
+        return f'{self.column} {negate}IN {bound}'
 
 
 class Literal:

@@ -25,7 +25,7 @@ import math
 import re
 from pathlib import Path
 
-from sqlalchemy import bindparam, text
+from sqlalchemy import BigInteger, Numeric, bindparam, text
 
 from ..convert import as_bool
 from . import analysis
@@ -244,12 +244,26 @@ class ZSQLMethod(SQLMethod):
             placed = place(sql, render.expanding)
             self._check(placed, render.binds, ValueError)
             statement = text(placed)
-            if render.expanding:
+            typed = render.expanding | set(render.kinds)
+            if typed:
                 statement = statement.bindparams(
-                    *(bindparam(n, expanding=True) for n in render.expanding)
+                    *(
+                        bindparam(
+                            n,
+                            expanding=n in render.expanding,
+                            type_=_BIND_TYPES.get(render.kinds.get(n)),
+                        )
+                        for n in typed
+                    )
                 )
             self._statements[sql] = statement
         return statement, render.binds
+
+
+#: How ``type=int`` and ``type=float`` values are bound: as Zope's
+#: literals were typed (PostgreSQL casts them, so that ``:n IS NULL`` has
+#: a type, and ``:a * :b`` of two small numbers is not a ``smallint``).
+_BIND_TYPES = {'int': BigInteger(), 'float': Numeric()}
 
 
 def _count(value):
