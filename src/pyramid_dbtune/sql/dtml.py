@@ -7,7 +7,7 @@ import math
 import re
 
 from . import analysis
-from .method import _SCALARS
+from .method import _SEQUENCES
 
 
 class _Absent:
@@ -169,7 +169,9 @@ def _convert(render, arg, kind, value):
         except UnicodeDecodeError:
             render.fail(ValueError, arg, f'is not UTF-8 text: {value!r}')
     if not isinstance(value, str):
-        if not isinstance(value, _SCALARS):
+        # Anything else as its text, as Zope wrote it (a Zope DateTime,
+        # say); but for lists and dicts, whose text is no value.
+        if isinstance(value, (*_SEQUENCES, dict)):
             render.fail(ValueError, arg, f'cannot be bound: {value!r}')
         value = str(value)
     return value
