@@ -1,5 +1,7 @@
 # The two commands of the README: `make demo` and `make test`.
-# Both create .venv with what they need; nothing is assumed installed.
+# Both create .venv with what they need. `make test` also needs memcached
+# and Chromium, and installs them with Debian's apt-get (as root or through
+# sudo -n) when they are missing.
 
 PYTHON ?= python3
 VENV := .venv
