@@ -155,7 +155,8 @@ TABLE = (
         'With ``memcached``: the key that signs every entry, 16 characters or '
         'more, the same in every process that shares the cache. Required.')),
     Setting('cache.namespace', as_namespace, 'dbtune', doc=(
-        'A prefix for every key, so that applications can share servers.')),
+        'A prefix for every key, so that applications can share servers: '
+        '1 to 40 ASCII letters, digits, ``_``, ``-`` or ``.``.')),
     Setting('cache.timeout', positive_seconds, 0.25, doc=(
         'Seconds memcached has to answer; past them the read is a miss, '
         'answered from the database.')),
