@@ -282,6 +282,45 @@ def test_header_odds_and_ends(tmp_path):
         load_zsql_file(path, name='1x')
 
 
+def test_a_header_after_comments_is_read(tmp_path, sqlite_url, apps):
+    path = tmp_path / 'by_area.zsql'
+    path.write_text(
+        '-- Properties of an area, cheapest first\n\n'
+        '/* for the menu:\n   one row is enough */\n'
+        '<dtml-comment>\narguments: area\nmax_rows: 1\n</dtml-comment>\n'
+        'SELECT id FROM property WHERE <dtml-sqltest area type=string>\n'
+        'ORDER BY rent <dtml-in area>\n'
+    )
+    with pytest.raises(SQLFileError, match=r'by_area\.zsql:10: <dtml-in>'):
+        load_zsql_file(path)
+    path.write_text(path.read_text().replace(' <dtml-in area>', ''))
+    app = apps(sqlite_url, [load_zsql_file(path)])
+    got = call(app, ('by_area', {'area': 'Headingley'}))['results'][0]
+    assert (got['rows'], got['truncated']) == ([[1]], True)
+
+
+@pytest.mark.parametrize(
+    'source, line',
+    [
+        ('SELECT 1\n<dtml-comment>\nmax_rows: 0\n</dtml-comment>\n', 3),
+        ('<dtml-comment>\ntitle: t\n</dtml-comment>\nSELECT 1\n'
+         '<dtml-comment>old:\n  Cache-Time: 60\n</dtml-comment>', 6),
+    ],
+)  # fmt: skip
+def test_header_keys_after_the_statement_begins_are_refused(
+    tmp_path, source, line
+):
+    path = tmp_path / 'late.zsql'
+    path.write_text(source)
+    with pytest.raises(SQLFileError) as info:
+        load_zsql_file(path)
+    assert str(info.value).startswith(f'{path}:{line}: ')
+    assert 'the header must come first' in str(info.value)
+    # A comment of prose, or a key the header does not know, is a comment.
+    path.write_text('SELECT 1\n<dtml-comment>\nnote: old\n</dtml-comment>\n')
+    assert load_zsql_file(path).bind({})[0].text.strip() == 'SELECT 1'
+
+
 def zsql(template, arguments='a b', **kw):
     return ZSQLMethod('m', template, arguments=arguments, **kw)
 

@@ -300,10 +300,16 @@ _UNSUPPORTED_KEYS = {
     'connection_hook': 'the database is chosen by dbtune.url and '
     'dbtune.read_urls, not per method',
 }
+#: Blank lines and SQL comments. Each part matches in one way only (a
+#: ``--`` comment to the end of its line): else a file with no header
+#: would be read over in exponentially many ways.
+_LEAD = r'(?:\s|--[^\n]*(?![^\n])|/\*(?:[^*]|\*(?!/))*\*/)*'
+_OPEN, _CLOSE = r'<dtml-comment\s*>', r'</dtml-comment\s*>'
 _HEADER = re.compile(
-    r'\A(?P<lead>\s*)<dtml-comment\s*>(?P<block>.*?)</dtml-comment\s*>',
-    re.DOTALL | re.IGNORECASE,
+    rf'\A{_LEAD}{_OPEN}(?P<block>.*?){_CLOSE}', re.DOTALL | re.IGNORECASE
 )
+_OPENS = re.compile(_OPEN, re.IGNORECASE)
+_CLOSES = re.compile(_CLOSE, re.IGNORECASE)
 _HEADER_LINE = re.compile(r'^\s*([A-Za-z_][\w -]*?)\s*:(.*)$')
 #: Header keys kept on the method as attributes, for the record.
 _KEPT = ('title', 'connection_id', 'max_cache')
@@ -326,15 +332,41 @@ def _read_header(path, block, first_line):
     return read_header(path, entries, _ZSQL_KEYS, _UNSUPPORTED_KEYS)
 
 
+def _refuse_later_headers(path, source, first_line):
+    """Raise :class:`SQLFileError` for a header key in a
+    ``<dtml-comment>`` of the statement: it would be a comment, its
+    value silently dropped."""
+    pos = 0
+    while opened := _OPENS.search(source, pos):
+        closed = _CLOSES.search(source, opened.end())
+        if closed is None:
+            return  # the template's error, told by its parser
+        pos = closed.end()
+        block = source[opened.end() : closed.start()]
+        start = first_line + source.count('\n', 0, opened.end())
+        for number, line in enumerate(block.splitlines(), start):
+            match = _HEADER_LINE.match(line)
+            key = match and header_key(match.group(1))
+            if key in _ZSQL_KEYS or key in _UNSUPPORTED_KEYS:
+                raise SQLFileError(
+                    f'{path}:{number}: {key}: the header must come first '
+                    'in the file, after nothing but blank lines and SQL '
+                    'comments: a <dtml-comment> after the statement begins '
+                    'is not read'
+                )
+
+
 def load_zsql_file(path, **overrides):
     """Read a Zope ``.zsql`` file into a :class:`ZSQLMethod`.
 
-    The file may begin with a ``<dtml-comment>`` header of ``key: value``
-    lines: ``arguments`` (an indented line after it continues it),
-    ``max_rows``, ``cache_time``, and, beyond Zope's, ``tables``,
-    ``writes`` and ``invalidate`` as in a ``.sql`` file; ``title``,
-    ``connection_id`` and ``max_cache`` are read and kept (one cache
-    bounds every method). The method is named after the file. Raises
+    The file may begin (after blank lines and SQL comments) with a
+    ``<dtml-comment>`` header of ``key: value`` lines: ``arguments`` (an
+    indented line after it continues it), ``max_rows``, ``cache_time``,
+    and, beyond Zope's, ``tables``, ``writes`` and ``invalidate`` as in
+    a ``.sql`` file; ``title``, ``connection_id`` and ``max_cache`` are
+    read and kept (one cache bounds every method). A header key in a
+    later ``<dtml-comment>`` is an error. The method is named after the
+    file. Raises
     :class:`SQLFileError` naming the file and the line. ``overrides``
     (``name`` and the keywords of :class:`~pyramid_dbtune.SQLMethod`) win
     over the header.
@@ -344,10 +376,11 @@ def load_zsql_file(path, **overrides):
     header = _HEADER.match(source)
     options, first_line = {}, 1
     if header:
-        lead = header.group('lead').count('\n')
+        lead = source.count('\n', 0, header.start('block'))
         options = _read_header(path, header.group('block'), lead + 1)
         first_line = header.group(0).count('\n') + 1
         source = source[header.end() :]
+    _refuse_later_headers(path, source, first_line)
     info = {k: options.pop(k, None) for k in _KEPT}
     options.update(overrides)
     try:
