@@ -321,6 +321,40 @@ def test_header_keys_after_the_statement_begins_are_refused(
     assert load_zsql_file(path).bind({})[0].text.strip() == 'SELECT 1'
 
 
+def test_an_indented_header_line_of_its_own_is_not_an_argument(
+    tmp_path, sqlite_url, apps
+):
+    path = tmp_path / 'by_area.zsql'
+    path.write_text(
+        '<dtml-comment>\n    title: Area search\n    arguments: area\n'
+        '      below:int\n    invalidate: no\n    cache_time: 60\n'
+        '    by rent, cheapest first\n</dtml-comment>\n'
+        'SELECT id FROM property WHERE <dtml-sqltest area type=string>\n'
+        '<dtml-if below>AND rent < <dtml-sqlvar below type=int></dtml-if>\n'
+        'ORDER BY rent\n'
+    )
+    method = load_zsql_file(path)
+    assert list(method.arguments) == ['area', 'below']
+    write = {
+        'name': 'set_rent',
+        'sql': 'UPDATE property SET rent = :rent WHERE id = :id',
+    }
+    app = apps(sqlite_url, [method, write])
+    area = ('by_area', {'area': 'Headingley', 'below': 100})
+    assert call(app, area)['results'][0]['rows'] == [[1]]
+    call(app, ('set_rent', {'id': 2, 'rent': 50}))
+    # invalidate: no keeps the rows for their cache_time, as Zope did.
+    again = call(app, area)
+    assert again['results'][0]['rows'] == [[1]] and again['cache']['hit']
+    # A key indented under an unindented arguments line is a key too.
+    path.write_text(
+        '<dtml-comment>\narguments: area\n  writes: yes\n</dtml-comment>\n'
+        'SELECT 1 WHERE <dtml-sqltest area type=string>\n'
+    )
+    method = load_zsql_file(path)
+    assert (list(method.arguments), method.writes) == (['area'], True)
+
+
 def zsql(template, arguments='a b', **kw):
     return ZSQLMethod('m', template, arguments=arguments, **kw)
 

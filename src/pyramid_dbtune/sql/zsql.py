@@ -315,20 +315,33 @@ _HEADER_LINE = re.compile(r'^\s*([A-Za-z_][\w -]*?)\s*:(.*)$')
 _KEPT = ('title', 'connection_id', 'max_cache')
 
 
+def _header_key(line):
+    """The key of a header line that sets one the header knows, else
+    None."""
+    match = _HEADER_LINE.match(line)
+    key = match and header_key(match.group(1))
+    return key if key in _ZSQL_KEYS or key in _UNSUPPORTED_KEYS else None
+
+
 def _read_header(path, block, first_line):
-    """The header's keys, read; raises :class:`SQLFileError`. An indented
-    line after ``arguments`` goes on with it, as Zope reads it."""
-    entries, arguments = [], False
+    """The header's keys, read; raises :class:`SQLFileError`. A line
+    indented further than ``arguments`` goes on with it, unless it sets
+    a key of its own: Zope strips each line, so an indented header is
+    one key a line."""
+    entries, indent = [], None  # the margin of arguments, while it goes on
     for number, line in enumerate(block.splitlines(), first_line):
-        if arguments and line[:1].isspace() and line.strip():
+        margin = len(line) - len(line.lstrip())
+        further = indent is not None and line.strip() and margin > indent
+        if further and _header_key(line) is None:
             last, written, value = entries[-1]
             entries[-1] = (last, written, value + ' ' + line)
             continue
         match = _HEADER_LINE.match(line)
-        arguments = False
+        indent = None
         if match is not None:
             entries.append((number, match.group(1), match.group(2).strip()))
-            arguments = header_key(match.group(1)) == 'arguments'
+            if header_key(match.group(1)) == 'arguments':
+                indent = margin
     return read_header(path, entries, _ZSQL_KEYS, _UNSUPPORTED_KEYS)
 
 
@@ -345,9 +358,7 @@ def _refuse_later_headers(path, source, first_line):
         block = source[opened.end() : closed.start()]
         start = first_line + source.count('\n', 0, opened.end())
         for number, line in enumerate(block.splitlines(), start):
-            match = _HEADER_LINE.match(line)
-            key = match and header_key(match.group(1))
-            if key in _ZSQL_KEYS or key in _UNSUPPORTED_KEYS:
+            if key := _header_key(line):
                 raise SQLFileError(
                     f'{path}:{number}: {key}: the header must come first '
                     'in the file, after nothing but blank lines and SQL '
@@ -360,8 +371,8 @@ def load_zsql_file(path, **overrides):
     """Read a Zope ``.zsql`` file into a :class:`ZSQLMethod`.
 
     The file may begin (after blank lines and SQL comments) with a
-    ``<dtml-comment>`` header of ``key: value`` lines: ``arguments`` (an
-    indented line after it continues it), ``max_rows``, ``cache_time``,
+    ``<dtml-comment>`` header of ``key: value`` lines: ``arguments`` (a
+    line indented further continues it), ``max_rows``, ``cache_time``,
     and, beyond Zope's, ``tables``, ``writes`` and ``invalidate`` as in
     a ``.sql`` file; ``title``, ``connection_id`` and ``max_cache`` are
     read and kept (one cache bounds every method). A header key in a
