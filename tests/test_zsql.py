@@ -355,6 +355,42 @@ def test_an_indented_header_line_of_its_own_is_not_an_argument(
     assert (list(method.arguments), method.writes) == (['area'], True)
 
 
+def test_zopes_params_source_form_is_read(tmp_path, sqlite_url, apps):
+    # What Zope's document_src() writes: <params>, then the template.
+    path = tmp_path / 'by_area.zsql'
+    path.write_text(
+        '<params>area\nbelow:int=1000</params>\n'
+        'SELECT id FROM property WHERE <dtml-sqltest area type=string>\n'
+        'AND rent < <dtml-sqlvar below type=int> ORDER BY id\n'
+    )
+    method = load_zsql_file(path)
+    assert method.tables == {'property'} and not method.writes
+    app = apps(sqlite_url, [method])
+    got = call(
+        app,
+        ('by_area', {'area': 'Headingley'}),
+        ('by_area', {'area': 'Headingley', 'below': 100}),
+    )
+    assert [r['rows'] for r in got['results']] == [[[1], [2]], [[1]]]
+    # The same arguments may be in a header after it too (the source of
+    # a method read from a file); its other keys are read.
+    header = (
+        '<dtml-comment>\narguments: area below:int=1000\nmax_rows: 1\n'
+        '</dtml-comment>\n'
+    )
+    path.write_text(path.read_text().replace('>\n', f'>\n{header}', 1))
+    assert load_zsql_file(path).max_rows == 1
+    for source, message in [
+        ('\n<params>1a</params>\nSELECT 1', ":2: arguments = '1a' is not"),
+        ('<params>a</params>\nSELECT\n<dtml-in a>', ':3: <dtml-in>'),
+        (f'<params>area</params>{header}SELECT 1',
+         ': arguments are given by <params> and by the header'),
+    ]:  # fmt: skip
+        path.write_text(source)
+        with pytest.raises(SQLFileError, match=message):
+            load_zsql_file(path)
+
+
 def zsql(template, arguments='a b', **kw):
     return ZSQLMethod('m', template, arguments=arguments, **kw)
 

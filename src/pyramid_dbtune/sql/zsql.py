@@ -1,13 +1,15 @@
 """Zope's ZSQL Method files (``.zsql``), read into SQL methods.
 
 A ``.zsql`` file is a ``<dtml-comment>`` header (``connection_id``,
-``arguments``, ``max_rows``, ``max_cache``, ``cache_time``) and a statement
-written with DTML's SQL tags. Every value the tags insert becomes a bound
-parameter: nothing a caller passes is ever formatted into the statement's
-text, whatever the tag (``'<dtml-var name sql_quote>'`` included). A
-tag where a database would not read a parameter (a comment, a quoted
-name) is an error when the file loads, and each text rendered is checked
-as PostgreSQL and MySQL read it (:func:`.analysis.hidden_parameters`).
+``arguments``, ``max_rows``, ``max_cache``, ``cache_time``), or the
+arguments in ``<params>`` as Zope's "view source" writes them, and a
+statement written with DTML's SQL tags. Every value the tags insert
+becomes a bound parameter: nothing a caller passes is ever formatted
+into the statement's text, whatever the tag (``'<dtml-var name
+sql_quote>'`` included). A tag where a database would not read a
+parameter (a comment, a quoted name) is an error when the file loads,
+and each text rendered is checked as PostgreSQL and MySQL read it
+(:func:`.analysis.hidden_parameters`).
 
 Optional tests, ``<dtml-sqlgroup>`` and ``<dtml-if>`` make the statement's
 text depend on which arguments are given. A :class:`ZSQLMethod` renders
@@ -306,7 +308,12 @@ _UNSUPPORTED_KEYS = {
 _LEAD = r'(?:\s|--[^\n]*(?![^\n])|/\*(?:[^*]|\*(?!/))*\*/)*'
 _OPEN, _CLOSE = r'<dtml-comment\s*>', r'</dtml-comment\s*>'
 _HEADER = re.compile(
-    rf'\A{_LEAD}{_OPEN}(?P<block>.*?){_CLOSE}', re.DOTALL | re.IGNORECASE
+    rf'{_LEAD}{_OPEN}(?P<block>.*?){_CLOSE}', re.DOTALL | re.IGNORECASE
+)
+#: The arguments as Zope's ``document_src()`` writes them, before the
+#: template.
+_PARAMS = re.compile(
+    rf'{_LEAD}<params>(?P<params>.*?)</params>', re.DOTALL | re.IGNORECASE
 )
 _OPENS = re.compile(_OPEN, re.IGNORECASE)
 _CLOSES = re.compile(_CLOSE, re.IGNORECASE)
@@ -376,7 +383,9 @@ def load_zsql_file(path, **overrides):
     and, beyond Zope's, ``tables``, ``writes`` and ``invalidate`` as in
     a ``.sql`` file; ``title``, ``connection_id`` and ``max_cache`` are
     read and kept (one cache bounds every method). A header key in a
-    later ``<dtml-comment>`` is an error. The method is named after the
+    later ``<dtml-comment>`` is an error. The file may begin with
+    ``<params>arguments</params>`` instead, or before its header, as
+    Zope's ``document_src()`` writes it. The method is named after the
     file. Raises
     :class:`SQLFileError` naming the file and the line. ``overrides``
     (``name`` and the keywords of :class:`~pyramid_dbtune.SQLMethod`) win
@@ -384,13 +393,27 @@ def load_zsql_file(path, **overrides):
     """
     path = Path(path)
     source = read_source(path)
-    header = _HEADER.match(source)
-    options, first_line = {}, 1
+    options, start = {}, 0
+    params = _PARAMS.match(source)
+    if params:
+        line = source.count('\n', 0, params.start('params')) + 1
+        entry = (line, 'arguments', params.group('params'))
+        options = read_header(path, [entry], _ZSQL_KEYS)
+        start = params.end()
+    header = _HEADER.match(source, start)
     if header:
         lead = source.count('\n', 0, header.start('block'))
-        options = _read_header(path, header.group('block'), lead + 1)
-        first_line = header.group(0).count('\n') + 1
-        source = source[header.end() :]
+        read = _read_header(path, header.group('block'), lead + 1)
+        given = options.get('arguments')
+        if given is not None and read.get('arguments', given) != given:
+            raise SQLFileError(
+                f'{path}: arguments are given by <params> and by the '
+                'header, and they differ: give them once'
+            )
+        options.update(read)
+        start = header.end()
+    first_line = source.count('\n', 0, start) + 1
+    source = source[start:]
     _refuse_later_headers(path, source, first_line)
     info = {k: options.pop(k, None) for k in _KEPT}
     options.update(overrides)
