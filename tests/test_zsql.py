@@ -215,6 +215,23 @@ def test_an_unsupported_tag_names_file_line_and_tag(tmp_path):
          'write DTML as <dtml-...> tags'),
         ('arguments: a', 'SELECT <!--#var a-->', ':4: <!--#var is not '
          'supported'),
+        # Inside quotes too: Zope put the value there; here it was text.
+        ('arguments: a', "WHERE x = '&dtml.sql_quote-a;'", ':4: '
+         "&dtml.sql_quote-a; inside a quoted literal is not supported: "
+         "write '<dtml-var name sql_quote>'"),
+        ('arguments: a', "WHERE x = 'it''s\n<!--#var a sql_quote-->'",
+         ":5: <!--#var inside a quoted literal is not supported"),
+        ('arguments: a', 'SELECT "&dtml-a;"', ':4: &dtml-a; is not '
+         'supported: write DTML as <dtml-...> tags, not inside double '
+         'quotes'),
+        ('arguments: a', 'SELECT `<!--#var a-->`', ':4: <!--#var is not '
+         'supported: write DTML as <dtml-...> tags, not inside backquotes'),
+        ('arguments: a', 'SELECT $q$ &dtml-a; $q$', ':4: &dtml-a; is not '
+         'supported: write DTML as <dtml-...> tags, not inside a '
+         'dollar-quoted string'),
+        ('arguments: a', 'SELECT 1 -- &dtml-a; here', ':4: &dtml-a; is not '
+         'supported: write DTML as <dtml-...> tags, not inside a -- '
+         'comment'),
         ('arguments: 1a', 'SELECT 1', ":2: arguments = '1a' is not "
          "arguments (argument '1a' is not a Python identifier"),
         ('arguments: a a', 'SELECT 1', "argument 'a' is declared twice"),

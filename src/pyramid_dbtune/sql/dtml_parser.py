@@ -20,19 +20,21 @@ from .method import (
     SQLFileError,
 )
 
+# DTML's entity and comment forms, not translated wherever they stand.
+_OTHER = r'<!--\#\s*[\w.-]*|&dtml[\w.-]*;?'
 # A tag; a comment to the end of the line; the start of a comment, a
 # quoted name or a string where no value may go; a quote (a literal
 # starts); or a DTML form not translated.
 _SCAN = re.compile(
-    r"""(?P<tag><(?P<close>/?)dtml-(?P<name>[\w.-]*)
+    rf"""(?P<tag><(?P<close>/?)dtml-(?P<name>[\w.-]*)
           (?P<args>(?:[^>"']|"[^"]*"|'[^']*')*)>)
       | (?P<comment>--[^\n]*|\#[^\n]*)
       | (?P<region>/\*|"|`|(?<![\w$])\$(?:[^\W\d]\w*)?\$)
       | (?P<quote>')
-      | (?P<other><!--\#\s*[\w.-]*|&dtml[\w.-]*;?)""",
+      | (?P<other>{_OTHER})""",
     re.VERBOSE | re.IGNORECASE,
 )
-_TAG = re.compile(r'</?dtml-[\w.-]*', re.IGNORECASE)
+_TAG = re.compile(rf'(?P<tag></?dtml-[\w.-]*)|{_OTHER}', re.IGNORECASE)
 # Each region that holds no value, by how it starts ($$ strings aside).
 _CLOSED = {
     '/*': re.compile(r'/\*.*?\*/', re.DOTALL),
@@ -58,7 +60,9 @@ _ATTR = re.compile(
 )
 MAX_VARIANTS = 64
 
-_LITERAL_PART = re.compile(r"''|'|</?dtml-[^>]*>", re.IGNORECASE)
+_LITERAL_PART = re.compile(
+    rf"''|'|</?dtml-[^>]*>|(?P<other>{_OTHER})", re.IGNORECASE
+)
 _COMMENT_END = re.compile(r'</dtml-comment\s*>', re.IGNORECASE)
 _COLUMN = re.compile(r'[\w.$"`\[\]]+')
 
@@ -104,11 +108,7 @@ class Parser:
             elif match.group('quote'):
                 pos = self._literal(match.start())
             elif match.group('other'):
-                raise self.error(
-                    match.start(),
-                    f'{match.group("other").strip()} is not supported: '
-                    'write DTML as <dtml-...> tags',
-                )
+                raise self._not_supported(match.start(), match.group(0))
             else:
                 tag, attrs = self._attrs(match)
                 if tag == 'comment' and not match.group('close'):
@@ -138,12 +138,27 @@ class Parser:
         self.tags[name] = (self.line(match.start()), match.group(0))
         return name
 
+    def _not_supported(self, pos, form, where=''):
+        """The error for ``&dtml-name;`` or ``<!--#var ...-->`` at ``pos``;
+        ``where``: the region it stands in, and what to do instead."""
+        return self.error(
+            pos,
+            f'{form.strip()} is not supported: write DTML as <dtml-...> '
+            f'tags{where}',
+        )
+
     def _inside(self, start, region, what):
-        """Refuse a DTML tag in ``region`` (which begins at ``start``): a
-        value there would not be a parameter."""
+        """Refuse a DTML tag or form in ``region`` (which begins at
+        ``start``): a value there would not be a parameter."""
         tag = _TAG.search(region)
         if tag:
             where, advice = _REGIONS[what]
+            if not tag.group('tag'):
+                raise self._not_supported(
+                    start + tag.start(),
+                    tag.group(0),
+                    f', not inside {where}{advice}',
+                )
             raise self.error(
                 start + tag.start(),
                 f'<{tag.group(0)[1:]}> inside {where}, where a value would '
@@ -226,6 +241,12 @@ class Parser:
                 chars.append("'")
             elif match.group(0) == "'":
                 break
+            elif match.group('other'):
+                raise self.error(
+                    match.start(),
+                    f'{match.group(0).strip()} inside a quoted literal is not '
+                    "supported: write '<dtml-var name sql_quote>'",
+                )
             else:
                 tag_match = _SCAN.match(source, match.start())
                 if tag_match is None:
