@@ -935,3 +935,30 @@ def test_numbers_decimals_and_sets():
         with pytest.raises(ValueError, match='must be a number, not'):
             floats.bind({'a': value})
     assert ints.bind({'a': 10**400})[1] == {'a': 10**400}  # no float
+
+
+def test_a_multiple_test_glued_to_the_next_word(sqlite_url):
+    # As Zope rendered it: id in (1, 2)AND ..., one value or a list.
+    method = zsql(
+        'SELECT id FROM item WHERE <dtml-sqltest ids column=id type=int '
+        'multiple>AND <dtml-sqltest not_ids column=id op=ne type=int '
+        'multiple>AND id > 0 ORDER BY id',
+        'ids not_ids',
+    )
+    engine = sa.create_engine(sqlite_url)
+    try:
+        with engine.begin() as connection:
+            connection.execute(sa.text('CREATE TABLE item (id INT)'))
+            connection.execute(
+                sa.text('INSERT INTO item VALUES (1), (2), (3)')
+            )
+        with engine.connect() as connection:
+            for args, want in [
+                ({'ids': [1], 'not_ids': 2}, [1]),
+                ({'ids': [1, 2, 3], 'not_ids': 2}, [1, 3]),
+                ({'ids': (3, 2), 'not_ids': [1, 3]}, [2]),
+            ]:
+                rows = connection.execute(*method.bind(args))
+                assert [r.id for r in rows] == want, args
+    finally:
+        engine.dispose()

@@ -94,14 +94,17 @@ _GLUED_AFTER = re.compile(r'[\0:\w]')
 def place(sql, expanding):
     """The text with each value's mark as a ``:name`` parameter; in
     parentheses where text glued to it would hide it from SQLAlchemy
-    (``<dtml-sqlvar d type=string>::date`` is ``(:d)::date``)."""
+    (``<dtml-sqlvar d type=string>::date`` is ``(:d)::date``). A list's
+    (``IN :name``) is set apart by spaces instead: SQLAlchemy writes its
+    parentheses, and ``IN ((1, 2))`` would be a row."""
 
     def parameter(match):
         name, start, end = match.group(1), match.start(), match.end()
-        glued = (start and sql[start - 1] in '\0:') or _GLUED_AFTER.match(
-            sql, end
-        )
-        if glued and name not in expanding:
+        before = start and sql[start - 1] in '\0:'
+        after = _GLUED_AFTER.match(sql, end)
+        if name in expanding:
+            return f'{" " * bool(before)}:{name}{" " * bool(after)}'
+        if before or after:
             return f'(:{name})'
         return f':{name}'
 
@@ -238,8 +241,8 @@ class SQLTest:
 
     def render(self, r):
         if r.skeleton:
-            bound = r.bind(self.name, None, kind=self.kind)
-            return f'{self.column} {self.op} {bound}'
+            # A multiple test as a list renders it, for the checks at load.
+            return self._test(r, [None, None] if self.multiple else [None])
         value = r.get(self.arg)
         if value is ABSENT:
             if self.optional:
@@ -266,6 +269,9 @@ class SQLTest:
             if self.optional:
                 return ''
             r.fail(ValueError, self.arg, 'was given no value')
+        return self._test(r, values)
+
+    def _test(self, r, values):
         if len(values) == 1:
             bound = r.bind(self.name, values[0], kind=self.kind)
             return f'{self.column} {self.op} {bound}'
