@@ -962,3 +962,36 @@ def test_a_multiple_test_glued_to_the_next_word(sqlite_url):
                 assert [r.id for r in rows] == want, args
     finally:
         engine.dispose()
+
+
+def test_a_group_part_that_is_only_a_hash_comment_is_dropped(mysql_url):
+    method = zsql(
+        'SELECT id FROM item\n<dtml-sqlgroup where>\n'
+        '  <dtml-sqltest a column=id type=int optional> # by id\n'
+        '<dtml-and>\n'
+        '  <dtml-sqltest b column=name type=string optional>\n'
+        '</dtml-sqlgroup> ORDER BY id'
+    )
+    assert render(method, b='x')[0] == (
+        'SELECT id FROM item WHERE name = :b ORDER BY id'
+    )
+    engine = sa.create_engine(mysql_url)
+    try:
+        with engine.begin() as connection:
+            connection.execute(
+                sa.text('CREATE TABLE item (id INT, name VARCHAR(9))')
+            )
+            connection.execute(
+                sa.text("INSERT INTO item VALUES (1, 'apple'), (2, 'pear')")
+            )
+        with engine.connect() as connection:
+            for args, want in [
+                ({'b': 'pear'}, [2]),
+                ({'a': 1}, [1]),
+                ({'a': 2, 'b': 'pear'}, [2]),
+                ({}, [1, 2]),
+            ]:
+                rows = connection.execute(*method.bind(args))
+                assert [r.id for r in rows] == want, args
+    finally:
+        engine.dispose()

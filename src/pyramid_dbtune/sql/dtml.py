@@ -307,8 +307,15 @@ def render_all(nodes, r):
     return ''.join(node.render(r) for node in nodes)
 
 
+# A # comment to the end of the line, as MySQL reads it (the parser
+# refuses a quote after #, so no literal starts inside one).
+_HASH_COMMENT = re.compile(r'#[^\n]*')
+
+
 def _only_comments(part):
-    return ('--' in part or '/*' in part) and not analysis.blank(part).strip()
+    """Whether a group's part is only ``--``, ``/* */`` or ``#``
+    comments (its literals and comments blanked, no text is left)."""
+    return not _HASH_COMMENT.sub('', analysis.blank(part)).strip()
 
 
 class Group:
