@@ -211,6 +211,15 @@ def test_an_unsupported_tag_names_file_line_and_tag(tmp_path):
          ':5: <dtml-if> is not closed (no </dtml-if>)'),
         ('arguments: a', 'SELECT 1 <dtml-comment> never closed',
          ':4: <dtml-comment> is not closed'),
+        # A tag with no > is not a tag: its text would go to the database.
+        ('arguments: a', 'SELECT 1 WHERE id = <dtml-sqlvar a type=int',
+         ':4: <dtml-sqlvar: a DTML tag not closed with >'),
+        ('arguments: a', 'SELECT 1\nWHERE id = <dtml-sqlvar a type=int\n'
+         '  AND x = 2', ':5: <dtml-sqlvar: a DTML tag not closed with >'),
+        ('arguments: a', '<dtml-if a>SELECT 1</dtml-if',
+         ':4: </dtml-if: a DTML tag not closed with >'),
+        ('arguments: a', "SELECT 1 WHERE x = '<DTML-var a sql_quote'",
+         ':4: <DTML-var: a DTML tag not closed with >'),
         ('arguments: a', 'SELECT &dtml-a; x', ':4: &dtml-a; is not supported: '
          'write DTML as <dtml-...> tags'),
         ('arguments: a', 'SELECT <!--#var a-->', ':4: <!--#var is not '

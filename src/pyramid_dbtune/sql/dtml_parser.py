@@ -61,7 +61,7 @@ _ATTR = re.compile(
 MAX_VARIANTS = 64
 
 _LITERAL_PART = re.compile(
-    rf"''|'|</?dtml-[^>]*>|(?P<other>{_OTHER})", re.IGNORECASE
+    rf"''|'|</?dtml-|(?P<other>{_OTHER})", re.IGNORECASE
 )
 _COMMENT_END = re.compile(r'</dtml-comment\s*>', re.IGNORECASE)
 _COLUMN = re.compile(r'[\w.$"`\[\]]+')
@@ -96,7 +96,7 @@ class Parser:
             match = _SCAN.search(source, pos)
             end = match.start() if match else len(source)
             if end > pos:
-                self.nodes.append(Text(source[pos:end]))
+                self._text(pos, end)
             if match is None:
                 break
             pos = match.end()
@@ -126,6 +126,22 @@ class Parser:
                 node.start, f'<dtml-{tag}> is not closed (no </dtml-{tag}>)'
             )
         return self.root
+
+    def _text(self, start, end):
+        """Plain SQL from ``start`` to ``end``: a ``<dtml-`` left in it is
+        a tag the scanner could not read, which would be sent as SQL."""
+        tag = _TAG.search(self.source, start, end)
+        if tag:
+            raise self._unread(tag.start())
+        self.nodes.append(Text(self.source[start:end]))
+
+    def _unread(self, pos):
+        """The error for a ``<dtml-`` at ``pos`` not read as a tag."""
+        end = self.source.find('>', pos)
+        if end >= 0 and re.search('["\']', self.source[pos:end]):
+            return self.error(pos, 'a DTML tag with an unbalanced quote')
+        head = _TAG.match(self.source, pos).group(0)
+        return self.error(pos, f'{head}: a DTML tag not closed with >')
 
     def _bind_name(self, arg, match):
         # The argument's own name for its first use; then arg_2, arg_3...,
@@ -250,9 +266,8 @@ class Parser:
             else:
                 tag_match = _SCAN.match(source, match.start())
                 if tag_match is None:
-                    raise self.error(
-                        match.start(), 'a DTML tag with an unbalanced quote'
-                    )
+                    raise self._unread(match.start())
+                pos = tag_match.end()
                 tag, attrs = self._attrs(tag_match)
                 if tag != 'var' or match.group(0).startswith('</'):
                     raise self.error(
