@@ -811,6 +811,27 @@ def test_entries_kept_decoded_are_bounded_by_max_bytes(
     assert kept <= 2 * 2**20, f'{kept / 2**20:.1f} MiB kept'
 
 
+def test_an_entry_larger_than_max_bytes_is_not_kept_decoded(
+    sqlite_url, memcached, apps
+):
+    settings = shared_settings(memcached, **{'dbtune.cache.max_bytes': '4KB'})
+    cache = apps(sqlite_url, [], settings).app.registry.dbtune.cache
+
+    def read(n, size):  # a read no write drops: served from the process
+        rows = one_row('x' * size)
+        return cache.get_or_fill(
+            ('k', (n,), (int,)), 60, frozenset(), lambda: rows
+        )
+
+    read(1, 10), read(1, 10)  # filled, then kept
+    for _ in range(3):
+        read(2, 10_000)
+    # The large one, not kept, did not push the small one out.
+    assert cache.near_hits == 0
+    read(1, 10)
+    assert cache.near_hits == 1
+
+
 def writer_through_a_proxy(url, memcached, apps):
     """A proxy to memcached, an app that writes through it, and one that
     reads memcached directly: two processes, as far as caches go."""
