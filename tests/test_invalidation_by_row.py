@@ -578,6 +578,22 @@ def test_writes_whose_rows_cannot_be_told_are_named_at_start_up(
     ]  # fmt: skip
 
 
+def test_a_read_of_a_table_twice_over_is_not_pinned(sqlite_url, apps):
+    # Pinned by one of its names (a.id), a write of the other's rows (b)
+    # would leave the read cached.
+    neighbours = {
+        'name': 'neighbours',
+        'sql': 'SELECT b.id, b.rent FROM property a, property b '
+        'WHERE a.id = :id AND b.area = a.area ORDER BY b.id',
+        'cache_time': 300,
+    }
+    app = apps(sqlite_url, [neighbours, SET_RENT])
+    read = ('neighbours', {'id': 1})
+    assert call(app, read)['results'][0]['rows'] == [[1, 90], [2, 120]]
+    call(app, ('set_rent', {'id': 2, 'rent': 125}))
+    assert call(app, read)['results'][0]['rows'] == [[1, 90], [2, 125]]
+
+
 def test_a_write_of_two_tables_has_no_shape():
     from pyramid_dbtune import SQLMethod
 
@@ -605,6 +621,10 @@ def test_a_write_of_two_tables_has_no_shape():
         ("SELECT * FROM t WHERE a = :a AND b = 'it\\'s'", ()),
         ('SELECT * FROM t WHERE (a = :a OR b = :b) AND c = :c', (('c', 'c'),)),
         ('SELECT * FROM t GROUP BY a', ()),
+        ('SELECT b.x FROM t a, t b WHERE a.id = :id AND b.c = a.c', ()),
+        ('SELECT * FROM t WHERE a = :a AND b = :b || c = :c', ()),
+        ('SELECT * FROM t WHERE a = :a AND b = :b XOR c = :c', ()),
+        ('SELECT * FROM t WHERE CASE WHEN c THEN b AND a = :a AND d END', ()),
     ],
 )
 def test_read_pins(sql, pins):

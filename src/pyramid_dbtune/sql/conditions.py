@@ -146,6 +146,14 @@ def _equality(reader, run):
     return None
 
 
+#: Words that make a read's ``AND``-ed conditions no pins: a join, the
+#: ``AND`` of ``BETWEEN``, and of a condition within ``CASE``.
+_UNPINNED = frozenset(['join', 'between', 'case'])
+#: At the WHERE's depth, a condition that may hold where a pin does not:
+#: ``OR``, MySQL's ``XOR``, and ``||`` (MySQL's ``OR``).
+_EITHER = frozenset(['or', 'xor', '|'])
+
+
 def read_pins(sql, tables):
     """``((column, parameter), ...)`` that a read of the one table
     ``tables`` holds requires, in order, or ``()``."""
@@ -154,16 +162,20 @@ def read_pins(sql, tables):
         return ()
     reader = _Reader(words)
     lower = reader.lower
-    if lower.count('select') != 1 or 'join' in lower or 'between' in lower:
+    if lower.count('select') != 1 or not _UNPINNED.isdisjoint(lower):
         return ()
     where = _where(reader)
     if where is None:
         return ()
+    start = lower.index('from')
+    if any(  # FROM a, b: a table twice over, say, of which one is pinned
+        lower[i] == ',' and reader.depth[i] == reader.depth[start]
+        for i in range(start, where[0])
+    ):
+        return ()
     runs = _split(reader, *where, 'and')
     if any(
-        reader.lower[i] == 'or' and not reader.depth[i]
-        for r in runs
-        for i in r
+        lower[i] in _EITHER and not reader.depth[i] for r in runs for i in r
     ):
         return ()
     pins = (_equality(reader, run) for run in runs)
