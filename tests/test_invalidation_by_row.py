@@ -181,6 +181,43 @@ def test_a_value_the_database_rounds_drops_the_table(server_url, apps):
     ]  # fmt: skip
 
 
+@pytest.mark.parametrize(
+    'since, written',
+    [
+        # PostgreSQL reads a date month first (DateStyle MDY), and drops
+        # the offset of a time written into a TIMESTAMP column.
+        ('12/01/2025', '01/15/2026'),
+        ('2026-01-01T10:00:00+00:00', '2026-01-01T10:30:00+05:00'),
+    ],
+)
+def test_a_date_the_column_parses_otherwise_is_not_patched_in(
+    postgresql_url, apps, since, written
+):
+    engine = sa.create_engine(postgresql_url)
+    with engine.begin() as connection:
+        connection.exec_driver_sql(
+            'CREATE TABLE listing (id INTEGER PRIMARY KEY, day TIMESTAMP)'
+        )
+        connection.exec_driver_sql(
+            "INSERT INTO listing VALUES (1, '2026-01-01 11:00')"
+        )
+    engine.dispose()
+    since_ = {
+        'name': 'since',
+        'sql': 'SELECT id FROM listing WHERE day >= :since ORDER BY id',
+        'cache_time': 300,
+    }
+    add = {
+        'name': 'add',
+        'sql': 'INSERT INTO listing (id, day) VALUES (:id, :day)',
+    }
+    app = apps(postgresql_url, [since_, add], tables=False)
+    read = ('since', {'since': since})
+    assert call(app, read)['results'][0]['rows'] == [[1]]
+    call(app, ('add', {'id': 3, 'day': written}))
+    assert call(app, read)['results'][0]['rows'] == [[1], [3]]
+
+
 PHOTOS = {
     'name': 'photos',
     'sql': 'SELECT id FROM photo WHERE property_id = :pid',

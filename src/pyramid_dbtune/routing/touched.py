@@ -5,7 +5,7 @@ the listener's notices are matched with."""
 import sqlalchemy as sa
 
 from ..sql.conditions import any_row, told, value_tag
-from ..sql.shapes import Change
+from ..sql.shapes import Change, parsed_otherwise
 from .schema import aliases
 
 #: A write that touches more rows than this drops its table's reads whole.
@@ -31,8 +31,12 @@ _LOCKS = {
 def _stored_as_given(value):
     """Whether a database stores ``value`` as it is: not a float or a
     decimal, which a column rounds to its scale (4.6 into an INTEGER is
-    5), nor a date or time, which a column may cut or move to its zone."""
-    return value is None or isinstance(value, int | str)
+    5), nor a date or time, which a column may cut or move to its zone,
+    nor their text where a column may parse it otherwise (an offset a
+    TIMESTAMP drops, a date month first)."""
+    if isinstance(value, str):
+        return not parsed_otherwise(value)
+    return value is None or isinstance(value, int)
 
 
 def _tags(unit, session, table, columns, rows):

@@ -53,6 +53,10 @@ _NUMBERS = (int, float, decimal.Decimal)
 #: punctuation at the same places (``2026-09-01``, ``10:30``).
 _ORDERED = re.compile(r'[0-9]+(?:[-:./ T][0-9]+)*\Z')
 _DIGIT = re.compile('[0-9]')
+#: A date written day or month first (``12/01/2025``, ``01.12.2025``):
+#: its characters do not order it, and a column parses it as its
+#: database's date style says.
+_LITTLE_ENDIAN = re.compile(r'[0-9]{1,2}[-/.][0-9]{1,2}[-/.][0-9]')
 #: A time of day and its offset from UTC, at the end of a text
 #: (``2026-01-01T10:30:00-05:00``): an instant, which its characters do
 #: not order.
@@ -265,7 +269,11 @@ def _compare(a, b):
         return None
     if a == b:
         return 0
-    if _DIGIT.sub('0', a) == _DIGIT.sub('0', b) and _ORDERED.match(a):
+    if (
+        _DIGIT.sub('0', a) == _DIGIT.sub('0', b)
+        and _ORDERED.match(a)
+        and not _LITTLE_ENDIAN.match(a)
+    ):
         return (a > b) - (a < b)
     if (
         _DIGIT.search(a)
@@ -305,6 +313,13 @@ def _comparable(value):
         except ValueError:  # a time of day alone, or no time at all
             return None
     return value
+
+
+def parsed_otherwise(text):
+    """Whether a column may store ``text`` otherwise than as it is
+    written, as a date or time it parses: with an offset, which a column
+    without a zone drops, or day or month first."""
+    return bool(_OFFSET.search(text) or _LITTLE_ENDIAN.match(text))
 
 
 def _folded(text):
