@@ -1035,17 +1035,29 @@ def read_of(cache, database):
     )
 
 
-def test_a_read_after_a_write_does_not_wait_for_a_fill_begun_before(
-    sqlite_url, memcached, apps
-):
-    cache = shared_cache(sqlite_url, memcached, apps)
+def held_fill(cache, key, tables, results):
+    """A read of ``key`` whose fill, of ``one_row('old')``, is begun in a
+    thread of its own and held until the returned event is set; what the
+    read gives is appended to ``results``."""
     started, release = threading.Event(), threading.Event()
 
-    def before_the_write():
+    def fill():
         started.set()
         release.wait(10)
         return one_row('old')
 
+    filling = threading.Thread(
+        target=lambda: results.append(cache.get_or_fill(key, 60, tables, fill))
+    )
+    filling.start()
+    started.wait(10)
+    return release, filling
+
+
+def test_a_read_after_a_write_does_not_wait_for_a_fill_begun_before(
+    sqlite_url, memcached, apps
+):
+    cache = shared_cache(sqlite_url, memcached, apps)
     client = Client(('127.0.0.1', memcached.port))
     gets = []
 
@@ -1055,13 +1067,7 @@ def test_a_read_after_a_write_does_not_wait_for_a_fill_begun_before(
 
     key, tables = ('k', (3,), (int,)), frozenset(['t'])
     results = []
-    filling = threading.Thread(
-        target=lambda: results.append(
-            cache.get_or_fill(key, 60, tables, before_the_write)
-        )
-    )
-    filling.start()
-    started.wait(10)
+    release, filling = held_fill(cache, key, tables, results)
     cache.invalidate(tables)  # a write, committed while the fill runs
     gets.append(client.stats()[b'cmd_get'])
     # Were it to wait for the fill begun before the write (in this
@@ -1096,22 +1102,9 @@ def test_with_memcached_down_a_read_after_a_write_fills_anew(
     # this process's write is not given the rows of a fill begun before.
     cache = shared_cache(sqlite_url, memcached, apps)
     memcached.stop()
-    started, release = threading.Event(), threading.Event()
-
-    def before_the_write():
-        started.set()
-        release.wait(10)
-        return one_row('old')
-
     key, tables = ('k', (6,), (int,)), frozenset(['t'])
     results = []
-    filling = threading.Thread(
-        target=lambda: results.append(
-            cache.get_or_fill(key, 60, tables, before_the_write)
-        )
-    )
-    filling.start()
-    started.wait(10)
+    release, filling = held_fill(cache, key, tables, results)
     cache.invalidate(tables)  # a write, committed while the fill runs
     timer = threading.Timer(5, release.set)  # were it to wait for it
     timer.start()
@@ -1124,15 +1117,7 @@ def test_with_memcached_down_a_read_after_a_write_fills_anew(
     assert got == (one_row('new'), 'miss')
     assert results == [(one_row('old'), 'miss')]
     # Reads that begin together, with no write between, still share one.
-    started.clear()
-    release.clear()
-    filling = threading.Thread(
-        target=lambda: results.append(
-            cache.get_or_fill(key, 60, tables, before_the_write)
-        )
-    )
-    filling.start()
-    started.wait(10)
+    release, filling = held_fill(cache, key, tables, results)
     threading.Timer(0.2, release.set).start()
     assert cache.get_or_fill(key, 60, tables, lambda: 1 / 0) == (
         one_row('old'),
