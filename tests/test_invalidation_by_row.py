@@ -442,6 +442,37 @@ def test_a_column_the_database_sets_itself_drops_the_table(
     assert answer['results'][0]['rows'] == [[1], [2]]
 
 
+@pytest.mark.parametrize('stamp', [
+    'TIMESTAMP NOT NULL DEFAULT CURRENT_TIMESTAMP ON UPDATE CURRENT_TIMESTAMP',
+    'DATETIME NULL ON UPDATE CURRENT_TIMESTAMP',  # no default reflected
+])  # fmt: skip
+def test_a_column_mysql_stamps_on_update_drops_the_table(
+    mysql_url, apps, stamp
+):
+    # MariaDB sets the stamp of each row an UPDATE changes, whatever it
+    # sets: item 1 is among those changed since 2024 once its quantity is.
+    since = {
+        'name': 'since', 'sql': 'SELECT id FROM item WHERE changed >= '
+        ':since ORDER BY id', 'cache_time': 20,
+    }  # fmt: skip
+    app = apps(mysql_url, [since, SET_QTY], tables=False)
+    engine = sa.create_engine(mysql_url)
+    with engine.begin() as connection:
+        connection.exec_driver_sql(
+            f'CREATE TABLE item (id INTEGER PRIMARY KEY, qty INTEGER, '
+            f'changed {stamp})'
+        )
+        connection.exec_driver_sql(
+            "INSERT INTO item VALUES (1, 5, '2020-01-01'), (2, 15, "
+            "'2020-01-01')"
+        )
+    engine.dispose()
+    read = ('since', {'since': '2024-01-01T00:00:00'})
+    assert call(app, read)['results'][0]['rows'] == []
+    call(app, ('set_qty', {'id': 1, 'qty': 12}))
+    assert call(app, read)['results'][0]['rows'] == [[1]]
+
+
 class Order(Rent):
     __tablename__ = 'orders'
     id: Mapped[int] = mapped_column(primary_key=True)

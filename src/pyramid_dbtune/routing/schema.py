@@ -31,6 +31,14 @@ _BEFORE_TRIGGERS = {
         ),
     ),
 }
+#: MySQL's columns that an UPDATE stamps (``ON UPDATE CURRENT_TIMESTAMP``),
+#: whatever it sets: SQLAlchemy reflects the clause only after a default
+#: that is not NULL.
+_STAMPED = sa.text(
+    'SELECT column_name FROM information_schema.columns WHERE '
+    'table_schema = DATABASE() AND table_name = :t AND '
+    "extra LIKE '%on update%'"
+)
 _ACTS = frozenset(['CASCADE', 'SET NULL', 'SET DEFAULT'])
 
 
@@ -72,8 +80,8 @@ class Schema:
     def sets_itself(self, session, table):
         """The columns of ``table`` whose values the database may set
         itself on a write, whatever the write gives: its generated
-        columns, or all of them (None) where a trigger may change the
-        rows written."""
+        columns and MySQL's ``ON UPDATE CURRENT_TIMESTAMP`` ones, or all
+        of them (None) where a trigger may change the rows written."""
         return self._table(session, table)[1]
 
     def enums(self, session, table):
@@ -99,6 +107,9 @@ class Schema:
                 for c in found
                 if c.get('computed') or isinstance(c['type'], mysql.SET)
             }
+            if self.dialect in ('mysql', 'mariadb'):
+                stamped = connection.execute(_STAMPED, {'t': table})
+                itself.update(name.lower() for name in stamped.scalars())
             known = self._columns[table] = (
                 {c['name'].lower() for c in found},
                 None if triggered else itself,
