@@ -42,21 +42,62 @@ _STAMPED = sa.text(
 _ACTS = frozenset(['CASCADE', 'SET NULL', 'SET DEFAULT'])
 
 
-def _children(inspector):
-    """``{table: [(child, referred columns, acts on an update)]}``, by
-    the foreign keys of the schema ``inspector`` looks at that act on a
-    delete or an update of the table; names in lower case."""
-    children = {}
-    for (_, table), keys in inspector.get_multi_foreign_keys().items():
+#: A SQLite table's foreign keys, as SQLite reads them: SQLAlchemy finds
+#: the actions of a table's FOREIGN KEY clauses only, not of a column's
+#: REFERENCES.
+_SQLITE_KEYS = sa.text(
+    'SELECT id, "table", "to", on_update, on_delete '
+    'FROM pragma_foreign_key_list(:t) ORDER BY id, seq'
+)
+_SQLITE_PK = sa.text('SELECT name FROM pragma_table_info(:t) WHERE pk > 0')
+
+
+def _keys(connection):
+    """``(table, referred table, referred columns, ON DELETE, ON
+    UPDATE)`` of each foreign key of the schema ``connection`` looks at
+    that refers to a table of it."""
+    if connection.dialect.name == 'sqlite':
+        yield from _sqlite_keys(connection)
+        return
+    found = sa.inspect(connection).get_multi_foreign_keys()
+    for (_, table), keys in found.items():
         for key in keys:
             options = key.get('options') or {}
-            deletes = options.get('ondelete', '').upper() in _ACTS
-            updates = options.get('onupdate', '').upper() in _ACTS
-            if (deletes or updates) and key['referred_schema'] is None:
-                referred = frozenset(map(str.lower, key['referred_columns']))
-                children.setdefault(key['referred_table'].lower(), []).append(
-                    (table.lower(), referred, updates)
+            if key['referred_schema'] is None:
+                yield (
+                    table,
+                    key['referred_table'],
+                    key['referred_columns'],
+                    options.get('ondelete') or '',
+                    options.get('onupdate') or '',
                 )
+
+
+def _sqlite_keys(connection):
+    for table in sa.inspect(connection).get_table_names():
+        keys = {}  # its id: [referred table, columns, ON DELETE, ON UPDATE]
+        for id_, referred, to, update, delete in connection.execute(
+            _SQLITE_KEYS, {'t': table}
+        ):
+            keys.setdefault(id_, [referred, [], delete, update])[1].append(to)
+        for referred, columns, delete, update in keys.values():
+            if None in columns:  # REFERENCES a table: its primary key
+                columns = connection.execute(_SQLITE_PK, {'t': referred})
+                columns = columns.scalars().all()
+            yield table, referred, columns, delete, update
+
+
+def _children(connection):
+    """``{table: [(child, referred columns, acts on an update)]}``, by
+    the foreign keys of the schema ``connection`` looks at that act on a
+    delete or an update of the table; names in lower case."""
+    children = {}
+    for table, referred, columns, delete, update in _keys(connection):
+        updates = update.upper() in _ACTS
+        if updates or delete.upper() in _ACTS:
+            children.setdefault(referred.lower(), []).append(
+                (table.lower(), frozenset(map(str.lower, columns)), updates)
+            )
     return children
 
 
@@ -132,9 +173,7 @@ class Schema:
         ``session``'s connection finds them."""
         children = self._children
         if children is None:
-            children = self._children = _children(
-                sa.inspect(session.connection())
-            )
+            children = self._children = _children(session.connection())
         found = set()
         todo = {
             child
