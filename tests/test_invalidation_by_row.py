@@ -489,6 +489,68 @@ def test_a_column_mysql_stamps_on_update_drops_the_table(
     assert call(app, read)['results'][0]['rows'] == [[1]]
 
 
+class Region(Rent):
+    __tablename__ = 'region'
+    name: Mapped[str] = mapped_column(primary_key=True)
+    code: Mapped[int]
+
+
+def orm_add_region(request):
+    request.dbsession.add(Region(name='Hyde Park', code=1))
+    return 'added'
+
+
+REPLACING = {
+    'plain': ('INSERT INTO region (name, code) VALUES (:name, :code)',
+              {'name': 'Hyde Park', 'code': 1}),
+    'or replace': ('INSERT OR REPLACE INTO region (name, code) VALUES '
+                   '(:name, :code)', {'name': 'Burley', 'code': 3}),
+    'update': ('UPDATE region SET code = :code WHERE name = :name',
+               {'name': 'Headingley', 'code': 1}),
+    'orm': None,
+}  # fmt: skip
+
+
+@pytest.mark.parametrize('how', REPLACING)
+def test_a_write_that_replaces_rows_drops_what_they_held(
+    sqlite_url, apps, how
+):
+    # SQLite deletes the rows a write conflicts with where the write says
+    # INSERT OR REPLACE or the constraint ON CONFLICT REPLACE: Burley (its
+    # code, 1, taken or its name written again), and flat 4 with it.
+    methods = [
+        {'name': 'code_of', 'sql': 'SELECT code FROM region WHERE name = '
+         ':name', 'cache_time': 20},
+        {'name': 'flats', 'sql': 'SELECT id FROM flat ORDER BY id',
+         'cache_time': 20},
+    ]  # fmt: skip
+    if REPLACING[how]:
+        methods.append({'name': 'write', 'sql': REPLACING[how][0]})
+    app = apps(sqlite_url, methods, tables=False,
+               views={'/add': orm_add_region})  # fmt: skip
+    foreign_keys_on(app)
+    engine = sa.create_engine(sqlite_url)
+    with engine.begin() as connection:
+        for statement in (
+            'CREATE TABLE region (name VARCHAR(40) PRIMARY KEY, code INTEGER '
+            'UNIQUE ON CONFLICT REPLACE)',
+            'CREATE TABLE flat (id INTEGER PRIMARY KEY, region VARCHAR(40) '
+            'REFERENCES region ON DELETE CASCADE)',
+            "INSERT INTO region VALUES ('Burley', 1), ('Headingley', 2)",
+            "INSERT INTO flat VALUES (1, 'Headingley'), (4, 'Burley')",
+        ):
+            connection.exec_driver_sql(statement)
+    engine.dispose()
+    reads = [('code_of', {'name': 'Burley'}), ('flats', {})]
+    call(app, *reads)
+    if REPLACING[how]:
+        call(app, ('write', REPLACING[how][1]))
+    else:
+        app.post('/add')
+    rows = [call(app, r)['results'][0]['rows'] for r in reads]
+    assert rows == [[] if how != 'or replace' else [[3]], [[1]]]
+
+
 class Order(Rent):
     __tablename__ = 'orders'
     id: Mapped[int] = mapped_column(primary_key=True)
@@ -765,13 +827,14 @@ def test_write_shapes():
 def test_how_a_write_may_change_other_tables_by_foreign_keys():
     upsert = 'INSERT INTO t (a) VALUES (1) ON CONFLICT (a) DO UPDATE SET a = 2'
     for sql, reach in (
-        ('INSERT INTO t VALUES (1)', (False, None)),
-        ('INSERT INTO t (a) SELECT a FROM u', (False, None)),
-        (upsert, (True, None)),
-        ('REPLACE INTO t VALUES (1)', (True, None)),  # MySQL: a DELETE too
-        ('UPDATE t SET a = :a, b = b + 1 WHERE id = :id', (True, {'a', 'b'})),
-        ('UPDATE t SET a = 1', (True, None)),
-        ('DELETE FROM t WHERE id = :id', (True, None)),
+        ('INSERT INTO t VALUES (1)', frozenset()),
+        ('INSERT INTO t (a) SELECT a FROM u', frozenset()),
+        (upsert, None),
+        ('REPLACE INTO t VALUES (1)', None),  # MySQL: a DELETE too
+        ('INSERT OR REPLACE INTO t VALUES (1)', None),  # SQLite's
+        ('UPDATE t SET a = :a, b = b + 1 WHERE id = :id', {'a', 'b'}),
+        ('UPDATE t SET a = 1', None),
+        ('DELETE FROM t WHERE id = :id', None),
     ):
         assert foreign_reach(sql) == reach, sql
 

@@ -39,6 +39,13 @@ _STAMPED = sa.text(
     'table_schema = DATABASE() AND table_name = :t AND '
     "extra LIKE '%on update%'"
 )
+#: Whether a SQLite table has a key or UNIQUE constraint declared ON
+#: CONFLICT REPLACE, which deletes the rows any write conflicts with
+#: (another text than that clause may match: a table too many).
+_REPLACES = sa.text(
+    "SELECT count(*) FROM sqlite_master WHERE type = 'table' AND "
+    "tbl_name = :t COLLATE NOCASE AND sql LIKE '%conflict%replace%'"
+)
 _ACTS = frozenset(['CASCADE', 'SET NULL', 'SET DEFAULT'])
 
 
@@ -107,7 +114,8 @@ class Schema:
 
     def __init__(self, dialect):
         self.dialect = dialect
-        #: table: its columns, those the database sets itself, its enums
+        #: table: its columns, those the database sets itself, its enums,
+        #: whether it replaces the rows a write conflicts with
         self._columns = {}
         #: table: the tables whose foreign keys act on a change of it
         self._children = None
@@ -122,8 +130,15 @@ class Schema:
         """The columns of ``table`` whose values the database may set
         itself on a write, whatever the write gives: its generated
         columns and MySQL's ``ON UPDATE CURRENT_TIMESTAMP`` ones, or all
-        of them (None) where a trigger may change the rows written."""
+        of them (None) where a trigger may change the rows written or a
+        write may replace rows (:meth:`replaces`)."""
         return self._table(session, table)[1]
+
+    def replaces(self, session, table):
+        """Whether a write of ``table`` deletes the rows it conflicts
+        with, whatever it says: SQLite's, where a key or ``UNIQUE``
+        constraint is declared ``ON CONFLICT REPLACE``."""
+        return self._table(session, table)[3]
 
     def enums(self, session, table):
         """``{column: its members}`` of ``table``'s MySQL ``ENUM``
@@ -141,6 +156,9 @@ class Schema:
                 found = []
             before = _BEFORE_TRIGGERS.get(self.dialect, _ANY_TRIGGER)
             triggered = connection.execute(before, {'t': table}).scalar()
+            replaces = self.dialect == 'sqlite' and bool(
+                connection.execute(_REPLACES, {'t': table}).scalar()
+            )
             # A MySQL SET compared with a number is compared by its bits:
             # its rows are not told by value either.
             itself = {
@@ -153,12 +171,13 @@ class Schema:
                 itself.update(name.lower() for name in stamped.scalars())
             known = self._columns[table] = (
                 {c['name'].lower() for c in found},
-                None if triggered else itself,
+                None if triggered or replaces else itself,
                 {
                     c['name'].lower(): tuple(c['type'].enums)
                     for c in found
                     if isinstance(c['type'], mysql.ENUM)
                 },
+                replaces,
             )
         return known
 
@@ -168,9 +187,16 @@ class Schema:
         keys' ``ON DELETE`` or ``ON UPDATE`` actions (``CASCADE``, ``SET
         NULL``, ``SET DEFAULT``), however far. ``updated``: the columns
         an UPDATE sets, which only the keys that refer to one of them and
-        act on an update follow; None for a delete, or a write whose
-        columns cannot be told. Read from the database once, as
-        ``session``'s connection finds them."""
+        act on an update follow (none for an INSERT); None for a delete,
+        or a write whose columns cannot be told. A write of a table that
+        :meth:`replaces` rows may delete them: it is a delete. Read from
+        the database once, as ``session``'s connection finds them."""
+        if self.dialect == 'sqlite' and any(
+            self.replaces(session, table) for table in tables
+        ):
+            updated = None
+        if updated is not None and not updated:
+            return set()  # an INSERT: no row it changes is referred to
         children = self._children
         if children is None:
             children = self._children = _children(session.connection())

@@ -89,11 +89,13 @@ def _before_flush(session, flush_context, instances):
         if tags is None:
             unit.count_untold(f'ORM {name}', name in pinned)
     # What the database changes in turn, by foreign keys' actions.
-    for obj in (*changed, *session.deleted):
+    for obj in (*session.new, *changed, *session.deleted):
         state = sa.inspect(obj)
         tables = {table.name.lower() for table in state.mapper.tables}
         updated = None  # deleted
-        if id(obj) not in deleted:
+        if state.pending:  # inserted: changes no row already there
+            updated = frozenset()
+        elif id(obj) not in deleted:
             updated = {
                 column.name.lower()
                 for prop in state.mapper.column_attrs
@@ -186,14 +188,14 @@ def _do_orm_execute(state):
     if unit is None or state.execution_options.get('dbtune_routed'):
         return  # not adopted, or a SQL method: routed already
     statement = state.statement
-    # An INSERT changes no other table; an UPDATE's columns, where told,
-    # are those that foreign keys may act on.
-    reaches, updated = not state.is_insert, None
+    # An INSERT changes no row already there; an UPDATE's columns, where
+    # told, are those that foreign keys may act on.
+    updated = frozenset() if state.is_insert else None
     if isinstance(statement, TextClause):
         writes, tables = _analyse(statement.text)
         if not writes:
             return
-        reaches, updated = foreign_reach(statement.text)
+        updated = foreign_reach(statement.text)
     elif state.is_insert or state.is_update or state.is_delete:
         tables = {statement.table.name.lower()}
     # SELECT ... FOR UPDATE: SQLAlchemy says so only in this private
@@ -203,7 +205,7 @@ def _do_orm_execute(state):
     else:
         return
     unit.begin_write(tables, _WHAT)
-    if tables and reaches:
+    if tables:
         unit.cascade(state.session, tables, updated)
     unit.session_wrote(state.session)
 

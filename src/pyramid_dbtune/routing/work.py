@@ -335,9 +335,8 @@ class UnitOfWork:
             self._tags.update(tags)
             if change is not None:
                 self._changes.append(change)
-            reaches, updated = foreign_reach(statement.text)
-            if reaches:
-                self.cascade(session, method.tables, updated)
+            updated = foreign_reach(statement.text)
+            self.cascade(session, method.tables, updated)
         result = session.execute(
             statement, params, execution_options={'dbtune_routed': True}
         )
@@ -353,8 +352,8 @@ class UnitOfWork:
 
     def cascade(self, session, tables, updated=None):
         """Note the writes the database makes in turn of a write that
-        updates (columns ``updated``) or deletes (None) rows of
-        ``tables``, by foreign keys' actions
+        inserts (no columns), updates (columns ``updated``) or deletes
+        (None) rows of ``tables``, by foreign keys' actions
         (:meth:`~.schema.Schema.cascades`): every read of their tables is
         dropped. The write has begun (its slot taken)."""
         children = self.router.schema.cascades(session, tables, updated)

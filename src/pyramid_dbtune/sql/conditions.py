@@ -252,19 +252,19 @@ def write_shape(sql):
 
 @functools.lru_cache(maxsize=1024)
 def foreign_reach(sql):
-    """How a write ``sql`` may change other tables' rows, by their foreign
-    keys' actions: ``(False, None)`` for an ``INSERT`` (that updates no
-    row on a conflict), which changes none; ``(True, columns)`` for an
-    ``UPDATE`` that tells the columns it sets, which the keys that refer
-    to one of them follow; ``(True, None)`` for any other (a
-    ``DELETE``, say)."""
+    """The columns of rows already there that a write ``sql`` changes,
+    which the foreign keys that refer to one of them follow: none for an
+    ``INSERT`` that neither updates nor replaces a row on a conflict;
+    those an ``UPDATE`` sets, where it tells them; None (any, and the
+    rows may go) for any other write (a ``DELETE``, say)."""
     words = [w.lower() for w in _words(sql) or ()]
     if words[:1] == ['insert'] and 'update' not in words:
-        return False, None
+        # SQLite's INSERT OR REPLACE deletes the rows it conflicts with.
+        return None if words[1:3] == ['or', 'replace'] else frozenset()
     shape = write_shape(sql)
     if shape is not None and shape.where is not None and shape.sets:
-        return True, frozenset(shape.sets)
-    return True, None
+        return frozenset(shape.sets)
+    return None
 
 
 def _insert(reader):

@@ -257,11 +257,10 @@ class _Work:
         tell): it drops every read of them, pinned to rows or not, and of
         the tables foreign keys change in turn."""
         known = tables is not None and self.tables is not None
-        reaches, updated = foreign_reach(sql)
-        if known and reaches:
+        if known:
             router = self.dbtune.router
             tables = tables | router.schema.cascades(
-                self.session, tables, updated
+                self.session, tables, foreign_reach(sql)
             )
         self.tables = (
             self.tables | tables | {any_row(t) for t in tables}
