@@ -458,6 +458,31 @@ def test_a_column_the_database_sets_itself_drops_the_table(
     assert answer['results'][0]['rows'] == [[1], [2]]
 
 
+def test_a_trigger_of_a_table_named_in_another_case_is_found(sqlite_url, apps):
+    # SQLite's names are the same in any case: a trigger ON Item is one
+    # of the table that the methods write as item.
+    app = apps(sqlite_url, [BY_BAND, SET_QTY], tables=False)
+    engine = sa.create_engine(sqlite_url)
+    with engine.begin() as connection:
+        connection.exec_driver_sql(
+            'CREATE TABLE Item (id INTEGER PRIMARY KEY, qty INTEGER, '
+            'band INTEGER)'
+        )
+        connection.exec_driver_sql(
+            'CREATE TRIGGER item_band AFTER UPDATE ON Item FOR EACH ROW '
+            'BEGIN UPDATE Item SET band = NEW.qty / 10 + 1 '
+            'WHERE id = NEW.id; END'
+        )
+        connection.exec_driver_sql(
+            'INSERT INTO Item (id, qty, band) VALUES (1, 5, 1), (2, 15, 2)'
+        )
+    engine.dispose()
+    assert call(app, ('by_band', {'band': 2}))['results'][0]['rows'] == [[2]]
+    call(app, ('set_qty', {'id': 1, 'qty': 12}))
+    answer = call(app, ('by_band', {'band': 2}))
+    assert answer['results'][0]['rows'] == [[1], [2]]
+
+
 @pytest.mark.parametrize('stamp', [
     'TIMESTAMP NOT NULL DEFAULT CURRENT_TIMESTAMP ON UPDATE CURRENT_TIMESTAMP',
     'DATETIME NULL ON UPDATE CURRENT_TIMESTAMP',  # no default reflected

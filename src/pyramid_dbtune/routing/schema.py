@@ -20,7 +20,7 @@ _BEFORE_TRIGGERS = {
     ),
     'sqlite': sa.text(
         "SELECT count(*) FROM sqlite_master WHERE type = 'trigger' AND "
-        'tbl_name = :t'
+        'tbl_name = :t COLLATE NOCASE'
     ),
     **dict.fromkeys(
         ('mysql', 'mariadb'),
