@@ -83,6 +83,11 @@ def test_reads_and_their_tables(sql, tables):
         ('INSERT INTO t (a, b) SELECT x, y FROM u', {'t'}),
         ('insert ignore into t (a) values (1)', {'t'}),
         ('REPLACE INTO t VALUES (1)', {'t'}),
+        # SQLite's conflict actions stand between the verb and the table.
+        ('INSERT OR REPLACE INTO property VALUES (1)', {'property'}),
+        ('UPDATE OR IGNORE property SET area = 1', {'property'}),
+        ('update or replace main.property p set rent = 1', {'property'}),
+        ('UPDATE OR ROLLBACK a SET x = 1 FROM b', {'a', 'b'}),
         ('UPDATE public.property SET rent = 1', {'property'}),
         ('update only t set a = 1', {'t'}),
         ('UPDATE property p, area a SET p.x = a.y', {'property', 'area'}),
@@ -124,7 +129,8 @@ def test_writes_and_their_tables(sql, tables):
      'ALTER TABLE t ADD b int', 'GRANT SELECT ON t TO u', '',
      'DELETE t FROM t JOIN u', 'SELECT * INTO backup FROM t',
      'INSERT INTO', 'INSERT INTO :x', 'UPDATE', 'DELETE FROM',
-     'UPDATE f(1) SET a = 1', 'TRUNCATE',
+     'UPDATE f(1) SET a = 1', 'TRUNCATE', 'UPDATE :t SET a = 1',
+     'DELETE FROM :t',
      # MySQL's joins to update, and the tables that refer to a table.
      'UPDATE (a JOIN b ON a.x = b.x) SET b.x = 1', 'TRUNCATE a CASCADE',
      'UPDATE a, (b JOIN c ON 1 = 1) SET c.x = 2',

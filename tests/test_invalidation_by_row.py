@@ -702,6 +702,18 @@ def test_a_delete_of_a_table_by_its_schema_drops_the_table(sqlite_url, apps):
     assert answer['results'][1]['rows'] == []
 
 
+@pytest.mark.parametrize('action', ['IGNORE', 'REPLACE', 'ABORT'])
+def test_an_update_or_action_drops_its_table(sqlite_url, apps, action):
+    # SQLite's UPDATE OR IGNORE property: the table is the word after the
+    # conflict action, and its rows are not told.
+    sql = f'UPDATE OR {action} property SET area = :area WHERE id = :id'
+    app = apps(sqlite_url, [*METHODS, {'name': 'move_or', 'sql': sql}])
+    write = ('move_or', {'id': 4, 'area': 'Hyde Park'})
+    assert dropped(app, write) == [0, 1, 2, 3, 4, 5]
+    answer = call(app, ('search', {'area': 'Burley'}))
+    assert answer['results'][0]['rows'] == []
+
+
 def test_a_write_of_two_tables_drops_both(sqlite_url, apps):
     both = {
         'name': 'both',

@@ -36,6 +36,8 @@ _JOINS = frozenset(
 )
 # Words that end the tables an UPDATE names.
 _UPDATE_ENDS = frozenset(['set', 'where'])
+# SQLite's conflict actions: UPDATE OR IGNORE t.
+_CONFLICT_ACTIONS = frozenset('rollback abort replace fail ignore'.split())
 # Functions whose arguments hold a FROM of no table.
 _FROM_FUNCTIONS = frozenset(
     ['extract', 'substring', 'substr', 'trim', 'overlay', 'position']
@@ -253,7 +255,8 @@ def _reads(reader, top_level=False):
 
 
 def _targets(reader, starts):
-    """The tables the DML words at ``starts`` change; None if untold."""
+    """The tables the DML words at ``starts`` change; None if untold (or
+    one of them names no table that can be read)."""
     tables = set()
     for i in starts:
         word = reader.lower[i]
@@ -271,6 +274,8 @@ def _targets(reader, starts):
                 return None  # MySQL's DELETE t1, t2 FROM ...
             j += 1
         else:  # update
+            if reader.at(j) == 'or' and reader.at(j + 1) in _CONFLICT_ACTIONS:
+                j += 2
             while reader.at(j) in ('only', 'low_priority', 'ignore'):
                 j += 1
             # MySQL's UPDATE (a JOIN b ...), UPDATE a, (b JOIN c) SET: the
@@ -282,8 +287,10 @@ def _targets(reader, starts):
                 ):
                     return None
                 k += 1
-        if not reader.table_list(j, tables) or j >= len(reader.words):
+        named = set()
+        if not reader.table_list(j, named) or not named:
             return None
+        tables |= named
     return tables
 
 
