@@ -2,7 +2,7 @@
 
 import pytest
 
-from pyramid_dbtune.sql import analysis
+from pyramid_dbtune.sql import readings
 from pyramid_dbtune.sql.analysis import ANY_TABLE, analyse, in_parameters
 
 
@@ -177,4 +177,4 @@ def test_in_parameters():
 )  # fmt: skip
 def test_hidden_parameters(sql, hidden):
     names = {n for n in 'abc' if f':{n}' in sql}
-    assert analysis.hidden_parameters(sql + ' :other', names) == hidden
+    assert readings.hidden_parameters(sql + ' :other', names) == hidden

@@ -8,9 +8,9 @@ from pyramid.exceptions import ConfigurationError
 
 from .cache import MAX_EXPIRY, Watch, make_cache
 from .routing.engines import Router
-from .sql.analysis import readings_of
 from .sql.conditions import MAX_TAGGED, any_row, told, value_tag
 from .sql.method import SQLMethod
+from .sql.readings import readings_of
 from .sql.shapes import ReadShape
 
 #: Tags remembered for each method's calls, at the most.

@@ -17,7 +17,7 @@ from pathlib import Path
 from sqlalchemy import bindparam, text
 
 from ..convert import as_bool
-from . import analysis, conditions, shapes
+from . import analysis, conditions, readings, shapes
 from .analysis import ANY_TABLE
 
 _SCALARS = (
@@ -164,13 +164,13 @@ class SQLMethod:
         self.params = tuple(self.statement.compile().params)
         self._param_set = frozenset(self.params)
         #: ``{reading: {parameter: reading}}``: for each reading of the
-        #: statement (:data:`.analysis.READINGS`), the parameters that
+        #: statement (:data:`.readings.READINGS`), the parameters that
         #: stand in a string, a quoted name or a comment as it reads them;
         #: refused where the database reads it so, as the method is
         #: registered.
         self.hidden = {
-            reading: analysis.hidden_parameters(sql, self.params, [reading])
-            for reading in analysis.READINGS
+            reading: readings.hidden_parameters(sql, self.params, [reading])
+            for reading in readings.READINGS
         }
         #: Parameters written ``IN :name``: they take a list.
         self.list_params = analysis.in_parameters(sql) & self._param_set

@@ -9,7 +9,7 @@ into the statement's text, whatever the tag (``'<dtml-var name
 sql_quote>'`` included). A tag where a database would not read a
 parameter (a comment, a quoted name) is an error when the file loads,
 and each text rendered is checked as PostgreSQL and MySQL read it
-(:func:`.analysis.hidden_parameters`).
+(:func:`.readings.hidden_parameters`).
 
 Optional tests, ``<dtml-sqlgroup>`` and ``<dtml-if>`` make the statement's
 text depend on which arguments are given. A :class:`ZSQLMethod` renders
@@ -30,7 +30,7 @@ from pathlib import Path
 from sqlalchemy import BigInteger, Numeric, bindparam, text
 
 from ..convert import as_bool
-from . import analysis
+from . import analysis, readings
 from .analysis import ANY_TABLE
 from .dtml import ABSENT, Render, if_nodes, place, render_all
 from .dtml_parser import MAX_VARIANTS, Parser
@@ -187,7 +187,7 @@ class ZSQLMethod(SQLMethod):
                 f'{self.where}: SQL method {self.name!r} holds more than one '
                 'statement; write one method per statement'
             )
-        hidden = analysis.hidden_parameters(sql, names)
+        hidden = readings.hidden_parameters(sql, names)
         for name, reading in hidden.items():
             line, tag = self._tags[name]
             where = (

@@ -1,0 +1,108 @@
+"""How each database reads a statement's text (its strings, quoted names
+and comments), and the parameters a reading hides."""
+
+import re
+from collections import Counter
+
+# How each database reads what is not SQL code: strings, quoted names and
+# comments. PostgreSQL and SQLite: '' doubles a quote (E'' takes
+# backslashes), "" is a name, $tag$ quotes, /* */ nests. MySQL and
+# MariaDB: "" is a string too, a backslash escapes (unless
+# NO_BACKSLASH_ESCAPES), # is a comment, -- needs a space after it, and
+# /*! */ is code.
+_STANDARD_HIDDEN = re.compile(
+    r"""(?<![\w$])[Ee]'(?:''|\\.|[^'\\])*'?
+      | '(?:''|[^'])*'?
+      | "(?:""|[^"])*"?
+      | --[^\n]*
+      | (?<![\w$])\$(?P<tag>(?:[^\W\d]\w*)?)\$.*?(?:\$(?P=tag)\$|\Z)
+      | (?P<comment>/\*)""",
+    re.VERBOSE | re.DOTALL,
+)
+_MYSQL_CODE = r'(?P<code>/\*M?!\d*)'
+_MYSQL_COMMENTS = r'\#[^\n]*|--(?=\s|\Z)[^\n]*|/\*.*?(?:\*/|\Z)'
+_MYSQL_HIDDEN = re.compile(
+    rf"""{_MYSQL_CODE}
+      | '(?:''|\\.|[^'\\])*'?
+      | "(?:""|\\.|[^"\\])*"?
+      | `(?:``|[^`])*`?
+      | {_MYSQL_COMMENTS}""",
+    re.VERBOSE | re.DOTALL,
+)
+_MYSQL_NO_BACKSLASH_HIDDEN = re.compile(
+    rf"""{_MYSQL_CODE}
+      | '(?:''|[^'])*'?
+      | "(?:""|[^"])*"?
+      | `(?:``|[^`])*`?
+      | {_MYSQL_COMMENTS}""",
+    re.VERBOSE | re.DOTALL,
+)
+#: How each database reads the text, by the name given in errors.
+READINGS = {
+    'PostgreSQL or SQLite': _STANDARD_HIDDEN,
+    'MySQL': _MYSQL_HIDDEN,
+    'MySQL with NO_BACKSLASH_ESCAPES': _MYSQL_NO_BACKSLASH_HIDDEN,
+}
+
+
+def readings_of(dialect):
+    """The :data:`READINGS` that apply to a database of ``dialect``
+    (SQLAlchemy's name for it)."""
+    if dialect in ('mysql', 'mariadb'):
+        return ('MySQL', 'MySQL with NO_BACKSLASH_ESCAPES')
+    return ('PostgreSQL or SQLite',)
+
+
+# A parameter as SQLAlchemy's text() finds it, in strings and comments too.
+_PARAMETER = re.compile(r'(?<![:\w\\]):(\w+)(?!:)')
+_NESTED = re.compile(r'/\*|\*/')
+
+
+def _comment_end(sql, pos):
+    """The end of PostgreSQL's nested ``/* */`` comment at ``pos``."""
+    depth = 0
+    for match in _NESTED.finditer(sql, pos):
+        depth += 1 if match.group(0) == '/*' else -1
+        if depth == 0:
+            return match.end()
+    return len(sql)
+
+
+def _code(sql, reading):
+    """``sql`` with what a reading of :data:`READINGS` takes as strings,
+    quoted names and comments blanked: the text it takes as code."""
+    hidden = READINGS[reading]
+    parts, pos = [], 0
+    while match := hidden.search(sql, pos):
+        parts.append(sql[pos : match.start()])
+        pos = match.end()
+        if match.lastgroup == 'comment':
+            pos = _comment_end(sql, match.start())
+        parts.append(' ')
+    parts.append(sql[pos:])
+    return ''.join(parts)
+
+
+def hidden_parameters(sql, names, readings=tuple(READINGS)):
+    """The ``names`` that are not parameters wherever ``sql`` holds them.
+
+    Returns ``{name: why}`` for each name that SQLAlchemy's ``text()``
+    does not take as a ``:name`` parameter (``why`` is ``None``), or that
+    stands inside a string, a quoted name or a comment as one of the
+    ``readings`` (of :data:`READINGS`) reads ``sql`` (``why`` names the
+    first). A driver that fills parameters in itself (PyMySQL, psycopg2)
+    would then put the value's text into a string or comment, from where
+    it can escape.
+    """
+    counts = _count(sql, names)
+    found = {n: None for n in names if not counts[n]}
+    for reading in readings:
+        seen = _count(_code(sql, reading), names)
+        for name in names:
+            if name not in found and seen[name] != counts[name]:
+                found[name] = reading
+    return found
+
+
+def _count(sql, names):
+    return Counter(n for n in _PARAMETER.findall(sql) if n in names)
