@@ -70,6 +70,20 @@ from pyramid_dbtune.sql.analysis import ANY_TABLE, analyse, in_parameters
         # MySQL's INSERT() of strings, a column named merge: reads.
         ("SELECT INSERT(name, 1, 1, 'x') FROM a", {'a'}),
         ('SELECT merge FROM a', {'a'}),
+        # As each database reads comments and strings: MySQL's # and its
+        # /*! code */, -- only before a space, PostgreSQL's $$ quotes and
+        # nested comments.
+        ("SELECT p.id FROM area # Tom's list\nJOIN property p "
+         "ON p.area = area.name WHERE p.area <> 'x'", {'area', 'property'}),
+        ('SELECT id, rent--1 AS r FROM property', {'property'}),
+        ('SELECT a.name FROM area a /*! JOIN property p ON p.area = a.name */',
+         {'area', 'property'}),
+        ('SELECT 1 FROM area /*!50100 , property */', {'area', 'property'}),
+        ("SELECT $$it's$$ AS l, p.id FROM property p WHERE p.a = 'x'",
+         {'property'}),
+        ("SELECT $q$it's$q$ AS l, id FROM a, b WHERE c = 'x'", {'a', 'b'}),
+        ('SELECT 1 /* /* */ FROM property -- */\n', {'property'}),
+        ("SELECT 1 /* /* */ ' */ FROM property -- '\n", {'property'}),
     ],
 )  # fmt: skip
 def test_reads_and_their_tables(sql, tables):
@@ -117,6 +131,9 @@ def test_reads_and_their_tables(sql, tables):
         ('SELECT * FROM t FOR NO KEY UPDATE NOWAIT', set()),
         ('SELECT * FROM t FOR SHARE', set()),
         ('SELECT * FROM t LOCK IN SHARE MODE', set()),
+        ('SELECT * FROM t /*!40000 FOR UPDATE */', set()),
+        ("UPDATE area a # it's\nJOIN property p ON p.area = a.name "
+         "SET p.rent = 1 WHERE a.name <> 'x'", {'area', 'property'}),
     ],
 )  # fmt: skip
 def test_writes_and_their_tables(sql, tables):
@@ -178,3 +195,11 @@ def test_in_parameters():
 def test_hidden_parameters(sql, hidden):
     names = {n for n in 'abc' if f':{n}' in sql}
     assert readings.hidden_parameters(sql + ' :other', names) == hidden
+
+
+def test_a_star_before_a_comment_is_code_to_mysql():
+    # */ ends MySQL's /*! code */ only: 2*/* :a */3 is 2 * 3.
+    sql = 'SELECT 2*/* :a */3, /*! 1 */ :b'
+    assert readings.hidden_parameters(sql, {'a', 'b'}, ['MySQL']) == {
+        'a': 'MySQL'
+    }

@@ -688,6 +688,51 @@ def test_a_read_of_a_function_too_is_dropped_by_any_write(sqlite_url, apps):
     assert answer['results'][0]['rows'] == [[1, 95], [2, 120]]
 
 
+def rent_of_4_after_a_write(app, read):
+    """The rows of a cached ``read`` after a committed write of property
+    4's rent, which must have dropped it."""
+    call(app, read)
+    call(app, ('set_rent', {'id': 4, 'rent': 75}))
+    answer = call(app, read)
+    assert answer['cache']['hit'] == 0
+    return answer['results'][0]['rows']
+
+
+@pytest.mark.parametrize(
+    'sql, rows',
+    [
+        ("SELECT p.id, p.rent FROM area # Tom's list\n"
+         "JOIN property p ON p.area = area.name WHERE p.area <> 'x' "
+         'ORDER BY p.id', [[1, 90], [2, 120], [4, 75]]),
+        ('SELECT id, rent--1 AS r FROM property WHERE id = 4', [[4, 76]]),
+        ('SELECT a.name, p.rent FROM area a '
+         '/*! JOIN property p ON p.area = a.name */ ORDER BY p.id',
+         [['Headingley', 90], ['Headingley', 120], ['Burley', 75]]),
+    ],
+)  # fmt: skip
+def test_a_read_is_dropped_by_the_tables_mysql_reads(
+    mysql_url, apps, sql, rows
+):
+    # A # comment, -- glued to a number, /*! code */: MySQL's reading of
+    # the text names property too.
+    read = {'name': 'read', 'sql': sql, 'cache_time': 20}
+    app = apps(mysql_url, [read, SET_RENT])
+    assert rent_of_4_after_a_write(app, ('read', {})) == rows
+
+
+def test_a_read_is_dropped_by_the_tables_after_a_dollar_quote(
+    postgresql_url, apps
+):
+    read = {
+        'name': 'read',
+        'sql': "SELECT $$it's$$ AS label, p.id, p.rent FROM property p "
+        "WHERE p.area = 'Burley'",
+        'cache_time': 20,
+    }
+    app = apps(postgresql_url, [read, SET_RENT])
+    assert rent_of_4_after_a_write(app, ('read', {})) == [["it's", 4, 75]]
+
+
 def test_a_delete_of_a_table_by_its_schema_drops_the_table(sqlite_url, apps):
     # Not one plain name: its rows are not looked for, the table goes.
     remove = {

@@ -9,7 +9,10 @@ any write. A method that declares ``tables=`` or ``writes=`` is not
 second-guessed.
 """
 
+import functools
 import re
+
+from .readings import READINGS, pieces
 
 #: Tables of a read that cannot be told: any committed write invalidates it.
 ANY_TABLE = '*'
@@ -49,9 +52,11 @@ _FROM_ENDS = frozenset(
 
 # Literals and comments are blanked before the text is read; what is
 # double-quoted or backquoted is kept (a name, or MySQL's string), and
-# hides what it holds (a quote, a comment's start). A backslash escapes a
-# quote in MySQL but not in standard SQL; both readings are made and their
-# findings joined, so neither hides a table.
+# hides what it holds (a quote, a comment's start). Databases differ in
+# what they take as a literal or a comment (a backslash, #, $$, nesting):
+# the text is read as each of them reads it and the findings joined, so
+# that none hides a table. SQLite reads as _LITERAL_STANDARD does;
+# _LITERAL_BACKSLASH is PostgreSQL without standard_conforming_strings.
 _COMMENT = r'--[^\n]*|/\*.*?\*/'
 _LITERAL_STANDARD = re.compile(
     rf"""(?P<literal>'(?:''|[^'])*')
@@ -75,19 +80,28 @@ _TOKEN = re.compile(
 )
 
 
+#: The readings a statement's tables are told by, joined.
+_READINGS = (_LITERAL_STANDARD, _LITERAL_BACKSLASH, *READINGS.values())
+_BLANKED = {'literal': "''", 'comment': ' '}
+
+
 def blank(sql, literal=_LITERAL_STANDARD):
     """``sql`` with each literal as ``''`` and each comment as a space."""
-    return literal.sub(_blanked, sql)
-
-
-def _blanked(match):
-    if match.group('literal'):
-        return "''"
-    return match.group('name') or ' '
+    return ''.join(
+        _BLANKED.get(kind, text) for kind, text in pieces(sql, literal)
+    )
 
 
 def tokens(sql, literal=_LITERAL_STANDARD):
-    return _TOKEN.findall(blank(sql, literal))
+    """The words of ``sql`` as ``literal`` reads it: each literal as
+    ``''``, a quoted name as one word, no comments."""
+    words = []
+    for kind, text in pieces(sql, literal):
+        if kind is None:
+            words += _TOKEN.findall(text)
+        elif kind != 'comment':
+            words.append(_BLANKED.get(kind, text))
+    return words
 
 
 def _is_name(token):
@@ -331,6 +345,7 @@ def _analyse(words):
     return True, tables
 
 
+@functools.lru_cache(maxsize=1024)
 def analyse(sql):
     """Tell whether ``sql`` writes, and which tables it reads or writes.
 
@@ -348,11 +363,13 @@ def analyse(sql):
 def analyse_any(statements):
     """:func:`analyse` for a method that runs any one of ``statements``:
     a write if one of them writes, and every table they name."""
-    found = [
-        _analyse(tokens(sql, literal))
+    # Most texts read alike everywhere: each distinct reading once.
+    readings = {
+        tuple(tokens(sql, literal))
         for sql in statements
-        for literal in (_LITERAL_STANDARD, _LITERAL_BACKSLASH)
-    ]
+        for literal in _READINGS
+    }
+    found = [_analyse(list(words)) for words in readings]
     writes = any(w for w, _ in found)
     tables = [t for w, t in found if w == writes]
     if writes:

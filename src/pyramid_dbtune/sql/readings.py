@@ -7,33 +7,33 @@ from collections import Counter
 # How each database reads what is not SQL code: strings, quoted names and
 # comments. PostgreSQL and SQLite: '' doubles a quote (E'' takes
 # backslashes), "" is a name, $tag$ quotes, /* */ nests. MySQL and
-# MariaDB: "" is a string too, a backslash escapes (unless
-# NO_BACKSLASH_ESCAPES), # is a comment, -- needs a space after it, and
-# /*! */ is code.
+# MariaDB: "" is a string too (a name with ANSI_QUOTES), a backslash
+# escapes (unless NO_BACKSLASH_ESCAPES), # is a comment, -- needs a space
+# after it, and /*! */ is code. Each pattern names what it finds: a
+# literal, a name, a nested comment's start, MySQL's code and its end;
+# anything else it finds is a comment.
 _STANDARD_HIDDEN = re.compile(
-    r"""(?<![\w$])[Ee]'(?:''|\\.|[^'\\])*'?
-      | '(?:''|[^'])*'?
-      | "(?:""|[^"])*"?
+    r"""(?P<literal>(?<![\w$])[Ee]'(?:''|\\.|[^'\\])*'?
+        | '(?:''|[^'])*'?
+        | (?<![\w$])\$(?P<tag>(?:[^\W\d]\w*)?)\$.*?(?:\$(?P=tag)\$|\Z))
+      | (?P<name>"(?:""|[^"])*"?)
       | --[^\n]*
-      | (?<![\w$])\$(?P<tag>(?:[^\W\d]\w*)?)\$.*?(?:\$(?P=tag)\$|\Z)
-      | (?P<comment>/\*)""",
+      | (?P<nested>/\*)""",
     re.VERBOSE | re.DOTALL,
 )
-_MYSQL_CODE = r'(?P<code>/\*M?!\d*)'
+_MYSQL_CODE = r'(?P<code>/\*M?!\d*)|(?P<close>\*/)'
 _MYSQL_COMMENTS = r'\#[^\n]*|--(?=\s|\Z)[^\n]*|/\*.*?(?:\*/|\Z)'
 _MYSQL_HIDDEN = re.compile(
     rf"""{_MYSQL_CODE}
-      | '(?:''|\\.|[^'\\])*'?
-      | "(?:""|\\.|[^"\\])*"?
-      | `(?:``|[^`])*`?
+      | (?P<literal>'(?:''|\\.|[^'\\])*'?)
+      | (?P<name>"(?:""|\\.|[^"\\])*"?|`(?:``|[^`])*`?)
       | {_MYSQL_COMMENTS}""",
     re.VERBOSE | re.DOTALL,
 )
 _MYSQL_NO_BACKSLASH_HIDDEN = re.compile(
     rf"""{_MYSQL_CODE}
-      | '(?:''|[^'])*'?
-      | "(?:""|[^"])*"?
-      | `(?:``|[^`])*`?
+      | (?P<literal>'(?:''|[^'])*'?)
+      | (?P<name>"(?:""|[^"])*"?|`(?:``|[^`])*`?)
       | {_MYSQL_COMMENTS}""",
     re.VERBOSE | re.DOTALL,
 )
@@ -68,19 +68,37 @@ def _comment_end(sql, pos):
     return len(sql)
 
 
+def pieces(sql, reading):
+    """``sql`` cut as ``reading`` (a pattern of :data:`READINGS`, or
+    one like them) reads it: ``(kind, text)``, ``kind`` being ``None``
+    for code, or ``'literal'``, ``'name'`` or ``'comment'``."""
+    pos, in_code = 0, False
+    while match := reading.search(sql, pos):
+        start, end = match.span()
+        kind = match.lastgroup
+        if kind == 'close' and not in_code:
+            # A * of code before a /, which may start a comment.
+            yield None, sql[pos : start + 1]
+            pos = start + 1
+            continue
+        yield None, sql[pos:start]
+        if kind == 'nested':
+            end = _comment_end(sql, start)
+        elif kind in ('code', 'close'):
+            in_code = kind == 'code'
+        if kind not in ('literal', 'name'):
+            kind = 'comment'
+        yield kind, sql[start:end]
+        pos = end
+    yield None, sql[pos:]
+
+
 def _code(sql, reading):
     """``sql`` with what a reading of :data:`READINGS` takes as strings,
     quoted names and comments blanked: the text it takes as code."""
-    hidden = READINGS[reading]
-    parts, pos = [], 0
-    while match := hidden.search(sql, pos):
-        parts.append(sql[pos : match.start()])
-        pos = match.end()
-        if match.lastgroup == 'comment':
-            pos = _comment_end(sql, match.start())
-        parts.append(' ')
-    parts.append(sql[pos:])
-    return ''.join(parts)
+    return ''.join(
+        ' ' if kind else text for kind, text in pieces(sql, READINGS[reading])
+    )
 
 
 def hidden_parameters(sql, names, readings=tuple(READINGS)):
