@@ -84,6 +84,14 @@ from pyramid_dbtune.sql.analysis import ANY_TABLE, analyse, in_parameters
         ("SELECT $q$it's$q$ AS l, id FROM a, b WHERE c = 'x'", {'a', 'b'}),
         ('SELECT 1 /* /* */ FROM property -- */\n', {'property'}),
         ("SELECT 1 /* /* */ ' */ FROM property -- '\n", {'property'}),
+        # SQLite's string where a table is expected: a table not told.
+        ("SELECT id FROM 'property' WHERE area = :area", {ANY_TABLE}),
+        ("SELECT id FROM main.'property'", {ANY_TABLE}),
+        ("SELECT * FROM a JOIN 'b' ON 1 = 1", {ANY_TABLE}),
+        ("SELECT * FROM a, 'b'", {ANY_TABLE}),
+        # A FROM that names no table.
+        ("SELECT * FROM t WHERE a IS DISTINCT FROM 'x'", {'t'}),
+        ('SELECT * FROM t WHERE a IS NOT DISTINCT FROM b.c', {'t'}),
     ],
 )  # fmt: skip
 def test_reads_and_their_tables(sql, tables):
@@ -148,6 +156,10 @@ def test_writes_and_their_tables(sql, tables):
      'INSERT INTO', 'INSERT INTO :x', 'UPDATE', 'DELETE FROM',
      'UPDATE f(1) SET a = 1', 'TRUNCATE', 'UPDATE :t SET a = 1',
      'DELETE FROM :t',
+     # SQLite's string where a table is expected.
+     "UPDATE 'property' SET rent = 1", "DELETE FROM 'property'",
+     "UPDATE main.'property' SET rent = 1",
+     "INSERT INTO main.'property' VALUES (1)",
      # MySQL's joins to update, and the tables that refer to a table.
      'UPDATE (a JOIN b ON a.x = b.x) SET b.x = 1', 'TRUNCATE a CASCADE',
      'UPDATE a, (b JOIN c ON 1 = 1) SET c.x = 2',

@@ -733,6 +733,25 @@ def test_a_read_is_dropped_by_the_tables_after_a_dollar_quote(
     assert rent_of_4_after_a_write(app, ('read', {})) == [["it's", 4, 75]]
 
 
+def test_a_table_named_by_a_string_drops_and_is_dropped(sqlite_url, apps):
+    # SQLite takes a string where a table is expected: a table not told,
+    # read (dropped by any write) or written (dropping every read).
+    quoted = {
+        'name': 'quoted',
+        'sql': "SELECT id, rent FROM 'property' WHERE area = :area",
+        'cache_time': 20,
+    }
+    set_quoted = {
+        'name': 'set_quoted',
+        'sql': "UPDATE 'property' SET rent = :rent WHERE id = :id",
+    }
+    app = apps(sqlite_url, [*METHODS, quoted, set_quoted])
+    read = ('quoted', {'area': 'Burley'})
+    assert rent_of_4_after_a_write(app, read) == [[4, 75]]
+    write = ('set_quoted', {'id': 4, 'rent': 76})
+    assert dropped(app, write) == [0, 1, 2, 3, 4, 5]
+
+
 def test_a_delete_of_a_table_by_its_schema_drops_the_table(sqlite_url, apps):
     # Not one plain name: its rows are not looked for, the table goes.
     remove = {

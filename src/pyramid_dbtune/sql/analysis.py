@@ -174,7 +174,8 @@ class _Reader:
         """Read ``a [AS] x, b, (subquery) y, f(...) z`` from ``i``.
 
         Adds the tables to ``tables``; returns False if a table list holds
-        a function, whose tables cannot be told.
+        a function, whose tables cannot be told, or a string (SQLite reads
+        ``FROM 'property'`` as a table).
         """
         told = True
         while i < len(self.words):
@@ -194,8 +195,12 @@ class _Reader:
                 else:
                     told = False
                 i = self.skip_parens(i)
-            elif i < len(self.words) and _is_name(self.words[i]):
+            elif self.at(i) == "''" or (
+                i < len(self.words) and _is_name(self.words[i])
+            ):
                 name, i = self.name(i)
+                if name == "''":
+                    return False  # SQLite's 'property': a name
                 if self.at(i) == '(':
                     told = False
                     i = self.skip_parens(i)
@@ -254,6 +259,11 @@ def _reads(reader, top_level=False):
             continue
         if word == 'from' and calls and calls[-1] in _FROM_FUNCTIONS:
             continue  # EXTRACT(EPOCH FROM x): no table
+        if word == 'from' and reader.lower[max(i - 2, 0) : i] in (
+            ['is', 'distinct'],
+            ['not', 'distinct'],
+        ):
+            continue  # a IS [NOT] DISTINCT FROM b: no table
         if word in ('from', 'join', 'straight_join') or (
             word == 'using' and reader.at(i + 1) != '('
         ):
@@ -280,7 +290,10 @@ def _targets(reader, starts):
             if j + 1 >= len(reader.words) or not _is_name(reader.words[j + 1]):
                 return None
             # One table, maybe with a column list: not a function call.
-            tables.add(reader.name(j + 1)[0])
+            name = reader.name(j + 1)[0]
+            if name == "''":
+                return None  # SQLite's main.'property'
+            tables.add(name)
             continue
         if word == 'delete':
             if reader.at(j) != 'from':
