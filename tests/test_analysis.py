@@ -92,6 +92,14 @@ from pyramid_dbtune.sql.analysis import ANY_TABLE, analyse, in_parameters
         # A FROM that names no table.
         ("SELECT * FROM t WHERE a IS DISTINCT FROM 'x'", {'t'}),
         ('SELECT * FROM t WHERE a IS NOT DISTINCT FROM b.c', {'t'}),
+        # PostgreSQL's TABLE x, a query of its own.
+        ('SELECT id FROM property WHERE id NOT IN (TABLE banned)',
+         {'property', 'banned'}),
+        ('WITH b AS (TABLE banned) SELECT * FROM property, b',
+         {'b', 'banned', 'property'}),
+        ('SELECT x FROM a UNION ALL TABLE b', {'a', 'b'}),
+        ('(TABLE a) EXCEPT TABLE ONLY b', {'a', 'b'}),
+        ('SELECT * FROM (TABLE a) s', {'a'}),
     ],
 )  # fmt: skip
 def test_reads_and_their_tables(sql, tables):

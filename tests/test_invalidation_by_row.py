@@ -752,6 +752,30 @@ def test_a_table_named_by_a_string_drops_and_is_dropped(sqlite_url, apps):
     assert dropped(app, write) == [0, 1, 2, 3, 4, 5]
 
 
+def test_a_read_is_dropped_by_the_table_of_its_table_query(
+    postgresql_url, apps
+):
+    # PostgreSQL's TABLE banned, a query inside a query, names a table.
+    read = {
+        'name': 'read',
+        'sql': 'SELECT id, rent FROM property WHERE area = :area '
+        'AND id NOT IN (TABLE banned) ORDER BY id',
+        'cache_time': 20,
+    }
+    ban = {'name': 'ban', 'sql': 'INSERT INTO banned (id) VALUES (:id)'}
+    app = apps(postgresql_url, [read, ban])
+    engine = sa.create_engine(postgresql_url)
+    with engine.begin() as connection:
+        connection.exec_driver_sql('CREATE TABLE banned (id INTEGER)')
+    engine.dispose()
+    headingley = ('read', {'area': 'Headingley'})
+    assert call(app, headingley)['results'][0]['rows'] == HEADINGLEY
+    call(app, ('ban', {'id': 1}))
+    answer = call(app, headingley)
+    assert answer['cache']['hit'] == 0
+    assert answer['results'][0]['rows'] == [[2, 120]]
+
+
 def test_a_delete_of_a_table_by_its_schema_drops_the_table(sqlite_url, apps):
     # Not one plain name: its rows are not looked for, the table goes.
     remove = {

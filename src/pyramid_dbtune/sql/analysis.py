@@ -44,6 +44,9 @@ _CONFLICT_ACTIONS = frozenset('rollback abort replace fail ignore'.split())
 _FROM_FUNCTIONS = frozenset(
     ['extract', 'substring', 'substr', 'trim', 'overlay', 'position']
 )
+# Words before PostgreSQL's TABLE x where it is a query: (TABLE x),
+# UNION [ALL] TABLE x.
+_QUERIES = frozenset('( union intersect except all distinct'.split())
 # Words that end a FROM clause, at its depth.
 _FROM_ENDS = frozenset(
     """where group having order limit union intersect except window offset
@@ -237,9 +240,9 @@ class _Reader:
 
 
 def _reads(reader, top_level=False):
-    """The tables named after FROM, JOIN and USING, and after each comma
-    of a FROM clause (one after a join's condition too); None if
-    untold."""
+    """The tables named after FROM, JOIN and USING, after each comma
+    of a FROM clause (one after a join's condition too) and in TABLE x;
+    None if untold."""
     tables = set()
     told = True
     clauses = []  # the depth of each FROM clause this token is in
@@ -270,10 +273,11 @@ def _reads(reader, top_level=False):
             told = reader.table_list(i + 1, tables) and told
             if word == 'from':
                 clauses.append(depth)
-        elif word == ',' and clauses and clauses[-1] == depth:
+        elif (word == ',' and clauses and clauses[-1] == depth) or (
+            word == 'table' and (i == 0 or reader.at(i - 1) in _QUERIES)
+        ):
+            # After a comma of a FROM clause; PostgreSQL's TABLE x.
             told = reader.table_list(i + 1, tables) and told
-        elif word == 'table' and i == 0:
-            reader.table_list(1, tables)
     return tables if told else None
 
 
