@@ -896,6 +896,13 @@ def test_a_write_of_two_tables_has_no_shape():
         ('SELECT * FROM t WHERE a = :a AND b = :b || c = :c', ()),
         ('SELECT * FROM t WHERE a = :a AND b = :b XOR c = :c', ()),
         ('SELECT * FROM t WHERE CASE WHEN c THEN b AND a = :a AND d END', ()),
+        # MySQL's # comment ends with its line, where standard SQL's
+        # reading finds a literal that hides the OR after it.
+        (
+            "SELECT * FROM t WHERE a = :a AND b > 0 # it's\n"
+            "OR c = :c AND d <> 'x'",
+            (),
+        ),
     ],
 )
 def test_read_pins(sql, pins):
@@ -927,6 +934,7 @@ def test_read_pins(sql, pins):
         'DELETE FROM t AS x WHERE x.id = :id',
         'DELETE FROM t x WHERE x.id = :id',
         'DELETE FROM only t WHERE id = :id',
+        "UPDATE t SET b = :b # it's\n, a = 'x' WHERE id = :id",
     ],
 )
 def test_writes_whose_rows_are_not_told(sql):

@@ -15,6 +15,7 @@ import re
 from dataclasses import dataclass
 
 from .analysis import _LITERAL_BACKSLASH, _LITERAL_STANDARD, _Reader, tokens
+from .readings import READINGS
 
 #: Words that end a WHERE clause at the top level.
 _ENDS = frozenset(
@@ -91,10 +92,18 @@ def _tag(table, column, value):
 
 
 def _words(sql):
-    """The tokens of ``sql``, or None where a backslash in a literal makes
-    MySQL read it otherwise than standard SQL."""
+    """The tokens of ``sql``, or None where a database reads it otherwise
+    than standard SQL: a backslash in a literal, MySQL's ``#`` comments,
+    ``$$`` strings."""
     words = tokens(sql, _LITERAL_STANDARD)
-    return words if words == tokens(sql, _LITERAL_BACKSLASH) else None
+    for literal in _OTHER_READINGS:
+        if tokens(sql, literal) != words:
+            return None
+    return words
+
+
+#: The other readings a text's words must be the same under, to be told.
+_OTHER_READINGS = (_LITERAL_BACKSLASH, *READINGS.values())
 
 
 def _split(reader, start, stop, word):
