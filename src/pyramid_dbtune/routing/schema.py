@@ -68,16 +68,16 @@ def _keys(connection):
         return
     found = sa.inspect(connection).get_multi_foreign_keys()
     for (_, table), keys in found.items():
-        for key in keys:
+        # A key to another schema's table: none the app's writes name.
+        for key in (k for k in keys if k['referred_schema'] is None):
             options = key.get('options') or {}
-            if key['referred_schema'] is None:
-                yield (
-                    table,
-                    key['referred_table'],
-                    key['referred_columns'],
-                    options.get('ondelete') or '',
-                    options.get('onupdate') or '',
-                )
+            yield (
+                table,
+                key['referred_table'],
+                key['referred_columns'],
+                options.get('ondelete') or '',
+                options.get('onupdate') or '',
+            )
 
 
 def _sqlite_keys(connection):
