@@ -472,3 +472,15 @@ def test_a_hung_ping_is_given_up_for_a_new_one(silent_server, monkeypatch):
 def test_bad_tables_say_what_is_wrong(paths, message):
     with pytest.raises(FastPathError, match=message):
         parse_paths(paths)
+
+
+@pytest.mark.parametrize(
+    'name', ['os.sep', 'pyramid_dbtune.fastpath:DEFAULT_CONTENT_TYPE']
+)
+def test_python_must_name_a_callable(name):
+    # A string it names would otherwise be served as the body.
+    with pytest.raises(FastPathError) as info:
+        parse_paths(f'/x=python:{name}')
+    assert str(info.value) == (
+        f'fast path /x: python: must name a callable, and {name} is a str'
+    )

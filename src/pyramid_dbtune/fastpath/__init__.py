@@ -163,12 +163,19 @@ def _resolve(path, name):
             'python:pyramid_dbtune.fastpath:deep_check'
         )
     try:
-        return DottedNameResolver().resolve(name)
+        answer = DottedNameResolver().resolve(name)
     except Exception as exc:
         raise FastPathError(
             f'fast path {path}: cannot import {name!r}: '
             f'{exc.__class__.__name__}: {exc}'
         ) from None
+    if not callable(answer):
+        # Else a string it names would be served as the body.
+        raise FastPathError(
+            f'fast path {path}: python: must name a callable, and {name} '
+            f'is a {type(answer).__name__}'
+        )
+    return answer
 
 
 def _responders(
