@@ -3,6 +3,7 @@ form under pyramid_tm and pyramid_retry, and the deep health check."""
 
 import functools
 import threading
+import uuid
 
 import pytest
 import sqlalchemy as sa
@@ -484,3 +485,35 @@ def test_python_must_name_a_callable(name):
     assert str(info.value) == (
         f'fast path /x: python: must name a callable, and {name} is a str'
     )
+
+
+def test_deep_check_reconnects_after_its_connection_was_dropped(
+    postgresql_url,
+):
+    # Its own name, so that only the check's connections are dropped.
+    name = f'deep_check_{uuid.uuid4().hex[:8]}'
+    url = sa.engine.make_url(postgresql_url).update_query_dict(
+        {'application_name': name}
+    )
+    config = Configurator(
+        settings={'dbtune.url': url.render_as_string(hide_password=False)}
+    )
+    config.include('pyramid_dbtune')
+    pyramid_app = config.make_wsgi_app()
+    check = functools.partial(deep_check, reuse=0)
+    app = TestApp(wrap(pyramid_app, {'/h': check}))
+    assert app.get('/h').body == b'OK\n'
+    # As a database restart, or a proxy closing idle connections, would.
+    admin = sa.create_engine(postgresql_url, poolclass=sa.pool.NullPool)
+    with admin.begin() as connection:
+        dropped = connection.execute(
+            sa.text(
+                'SELECT count(pg_terminate_backend(pid)) '
+                'FROM pg_stat_activity WHERE application_name = :name'
+            ),
+            {'name': name},
+        ).scalar()
+    admin.dispose()
+    assert dropped >= 1
+    assert app.get('/h').body == b'OK\n'
+    pyramid_app.registry.dbtune.router.dispose()

@@ -11,6 +11,7 @@ from concurrent.futures import TimeoutError as FutureTimeout
 from time import monotonic
 
 from sqlalchemy import literal_column, select
+from sqlalchemy.exc import DBAPIError
 
 from ..deploy import forks
 
@@ -69,8 +70,7 @@ def _ping(dbtune, health, future):
     what = 'database'
     try:
         if dbtune.router is not None:
-            with dbtune.router.writer.connect() as connection:
-                connection.execute(select(literal_column('1')))
+            _select_one(dbtune.router.writer)
         # A shared cache is pinged too; the in-process one cannot be down.
         what = 'cache'
         ping = getattr(dbtune.cache, 'ping', None)
@@ -92,6 +92,20 @@ def _ping(dbtune, health, future):
             else:
                 health.stranded -= 1  # given up on, and now back
         future.set_result(result)
+
+
+def _select_one(engine):
+    """``SELECT 1`` on ``engine``; once more on a new connection when the
+    pooled one was found dropped (a database restarted, a proxy that
+    closes idle connections), which SQLAlchemy then invalidates."""
+    try:
+        with engine.connect() as connection:
+            connection.execute(select(literal_column('1')))
+    except DBAPIError as exc:
+        if not exc.connection_invalidated:
+            raise
+        with engine.connect() as connection:
+            connection.execute(select(literal_column('1')))
 
 
 def _start_ping(dbtune, health, now):
