@@ -2,6 +2,7 @@
 form under pyramid_tm and pyramid_retry, and the deep health check."""
 
 import functools
+import sys
 import threading
 import uuid
 
@@ -117,6 +118,15 @@ def test_paste_filter_from_an_ini_file(tmp_path):
     assert response.headers['Content-Type'] == 'text/plain'
     assert response.headers['Cache-Control'] == 'max-age=5'
     assert app.get('/other').status == '299 Echo'
+
+
+def test_paste_filter_outside_zope(monkeypatch):
+    # Not a Zope site: a callable gets the registry found, or none.
+    monkeypatch.delitem(sys.modules, 'pyramid_dbtune.zope', raising=False)
+    paths = f'/made=python:test_fastpath:answer {DEEP}'
+    app = TestApp(filter_app_factory(echo_app, {}, paths=paths))
+    assert app.get('/made').status == '201 Created'
+    assert app.get('/healthz', status=500).body == b'no pyramid_dbtune app\n'
 
 
 def test_paste_filter_needs_paths():

@@ -129,7 +129,12 @@ class ZopeSite:
 
     @property
     def env(self):
-        return {**os.environ, 'PYTHONPATH': str(PRODUCTS)}
+        # The test's own PYTHONPATH kept: Zope runs the code under test.
+        path = [str(PRODUCTS), os.environ.get('PYTHONPATH', '')]
+        return {
+            **os.environ,
+            'PYTHONPATH': os.pathsep.join(filter(None, path)),
+        }
 
     def start(self):
         self.launch()
@@ -396,6 +401,31 @@ def test_the_fast_path_answers_in_zopes_pipeline(database, tmp_path):
     # has no /healthz: Zope would have answered 404).
     log = (made.dir / 'var' / 'log' / 'Z4.log').read_text()
     assert '"GET /manage_main ' in log and '/healthz' not in log
+
+
+DEEP = '/healthz=python:pyramid_dbtune.fastpath:deep_check'
+
+
+def test_the_deep_check_in_zopes_pipeline_pings_zopes_database(
+    database, tmp_path
+):
+    made = ZopeSite(tmp_path / 'instance', {'dbtune.url': database.url}, DEEP)
+    # The settings in a dbtune filter made after the fast path's (before
+    # it in the pipeline): as the fast path's is made, there is no
+    # database for its check.
+    early = ZopeSite(
+        tmp_path / 'early', None, DEEP, ini={'dbtune.url': database.url}
+    )
+    early.launch()
+    made.start()
+    try:
+        assert made.get('/healthz') == (200, 'OK')
+        assert run_by(database, 'SELECT $1') == {'postgres': 1}
+    finally:
+        made.stop()
+    assert early.process.wait(60) != 0
+    said = early.said()
+    assert 'FastPathError' in said and 'dbtune.fast_paths' in said
 
 
 def test_two_zope_processes_share_memcached(database, memcached, tmp_path):

@@ -16,10 +16,13 @@ that takes the WSGI environ and returns ``(status, headers, body)``.
 """
 
 import logging
+import sys
 from collections.abc import Mapping
 
 from pyramid.events import ApplicationCreated
+from pyramid.exceptions import ConfigurationError
 from pyramid.path import DottedNameResolver
+from pyramid.registry import Registry
 
 from .health import (  # noqa: F401 (deep_check: its documented name)
     DEFAULT_CACHE_CONTROL,
@@ -272,12 +275,41 @@ def filter_app_factory(
         )
     if not paths.strip():
         raise FastPathError('the fastpath filter needs paths = /path=answer')
+    table = parse_paths(paths)
+    registry = registry_of(app)
+    if registry is None and any(map(callable, table.values())):
+        registry = _zope_registry()
     return wrap(
         app,
-        paths,
+        table,
         content_type=content_type or DEFAULT_CONTENT_TYPE,
         cache_control=cache_control,
+        registry=registry,
     )
+
+
+def _zope_registry():
+    """In a Zope site on pyramid_dbtune (the site's ZCML loaded its Zope
+    side), a registry holding the dbtune of Zope's database; else None.
+
+    That database is made from zope.conf's settings as Zope starts, or by
+    a dbtune filter nearer Zope in the pipeline, made before this one.
+    """
+    zope = sys.modules.get('pyramid_dbtune.zope')
+    if zope is None:
+        return None
+    try:
+        dbtune = zope.database().dbtune
+    except ConfigurationError as exc:
+        raise FastPathError(
+            "the fastpath filter's python: callables need pyramid_dbtune's "
+            'database, and Zope has none yet: give its settings in '
+            'zope.conf, or give the dbtune filter dbtune.fast_paths '
+            f'instead of this filter ({exc})'
+        ) from None
+    registry = Registry(zope.__name__)
+    registry.dbtune = dbtune
+    return registry
 
 
 class FastPathPolicy:
