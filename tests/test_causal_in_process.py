@@ -3,6 +3,9 @@
 the replica is still behind through every step, however slow the
 machine."""
 
+import threading
+
+import sqlalchemy as sa
 from webtest import TestApp
 
 from pyramid_dbtune.routing.lag import read_pin
@@ -58,3 +61,39 @@ def covers(reader, position):
 
 def rent(answer):
     return answer['results'][0]['rows'][0][2]
+
+
+def test_a_read_as_a_write_commits_fills_no_old_rows(replicated, apps):
+    # Another client reads while the commit asks the writer where it
+    # ended: it must not fill the cache, everyone's, from the replica
+    # that has yet to replay the commit.
+    primary, standby = replicated
+    settings = {'dbtune.read_urls': standby.url}
+    cached = {**GET, 'name': 'cached'}
+    app = apps(primary.url, [cached, SET_RENT], settings, tables=False)
+    router = app.app.registry.dbtune.router
+    (reader,) = router.readers
+    until(lambda: covers(reader, router.position()))
+    assert rent(call(app, ('cached', {'id': 1}))) == 90
+    meanwhile = []
+
+    def read_elsewhere(conn, cursor, statement, *args):
+        if ('wal_lsn' in statement or 'gtid_current_pos' in statement) and (
+            not meanwhile
+        ):
+            other = TestApp(app.app)
+            read = ('cached', {'id': 1})
+            thread = threading.Thread(
+                target=lambda: meanwhile.append(call(other, read))
+            )
+            thread.start()
+            thread.join(30)
+
+    sa.event.listen(router.writer, 'before_cursor_execute', read_elsewhere)
+    try:
+        call(app, ('set_rent', {'id': 1, 'rent': 95}))
+    finally:
+        sa.event.remove(router.writer, 'before_cursor_execute', read_elsewhere)
+    assert len(meanwhile) == 1
+    # A client with no pin, after the commit: fresh rows.
+    assert rent(call(TestApp(app.app), ('cached', {'id': 1}))) == 95

@@ -404,25 +404,13 @@ class UnitOfWork:
         token = dropped = None
         try:
             if committed:
-                if self._all_tables:
-                    self.cache.invalidate(None)
-                else:
-                    changes = [
-                        c
-                        for c in self._changes
-                        if c.table not in self._unimaged
-                    ]
-                    self.cache.invalidate(self._tags, changes, self._later)
-                    dropped = self._tags, changes
+                try:
+                    # The commit noted first: a read that misses once its
+                    # rows are dropped fills from where the commit shows.
+                    self._note_commit()
+                finally:  # dropped, even where the writer told nothing
+                    dropped = self._drop()
                 token, self._token = self._token, None
-                position = self.router.positions and self.router.position()
-                if position:
-                    self._pin_position(position)
-                else:  # no causal reads: the time pin, if any
-                    self.router.wrote(
-                        None if self._all_tables else self._tables
-                    )
-                    self._pin()
         finally:
             self._finish()
         # The slot given back, wait for the listener to apply what the
@@ -430,6 +418,27 @@ class UnitOfWork:
         listener = self.request.registry.dbtune.listener
         if token is not None and not listener.settle(token):
             self.cache.invalidate(*dropped)
+
+    def _note_commit(self):
+        """Pin the client, and this process's fills of the tables
+        written, to the commit: by its position (causal reads), else for
+        ``dbtune.pin_after_write``."""
+        position = self.router.positions and self.router.position()
+        if position:
+            self._pin_position(position)
+        else:  # no causal reads: the time pin, if any
+            self.router.wrote(None if self._all_tables else self._tables)
+            self._pin()
+
+    def _drop(self):
+        """Drop the cached rows the commit changed; return the tags and
+        changes dropped by row, or None."""
+        if self._all_tables:
+            self.cache.invalidate(None)
+            return None
+        changes = [c for c in self._changes if c.table not in self._unimaged]
+        self.cache.invalidate(self._tags, changes, self._later)
+        return self._tags, changes
 
     def _pin_position(self, position):
         """Causal reads: the client's reads from now on must see
