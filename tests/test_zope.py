@@ -12,6 +12,7 @@ import base64
 import http.cookies
 import json
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -362,10 +363,35 @@ def test_the_connection_in_the_zmi(site):
     )
     assert status == 200
     assert site.get('/second/manage_main')[0] == 200
+    # A ZSQL Method's forms offer it; its edit form, saved as it came,
+    # keeps the method on it.
+    status, page = site.get('/manage_addProduct/ZSQLMethods/add')
+    assert status == 200 and '<option value="dbtune"' in page
+    status, page = site.get('/get_rent_now/manage_main')
+    assert status == 200
+    form = {
+        'title': '',
+        'connection_id': selected(page, 'connection_id'),
+        'arguments': 'id',
+        'template': 'SELECT rent FROM property '
+        'WHERE id = <dtml-sqlvar id type="int">',
+    }
+    assert site.get('/get_rent_now/manage_edit', form)[0] == 200
+    assert site.get('/show_rent_now') == (200, '90')
     # Its quoting of strings (test_zope_in_process has MySQL's).
     for area, count in (('Headingley', '2'), ("\\' OR 1=1 -- ", '0')):
         query = urllib.parse.urlencode({'area': area})
         assert site.get(f'/count_in_area?{query}') == (200, count)
+
+
+def selected(page, name):
+    """The value a browser sends for the ``<select>`` ``name`` of
+    ``page``: its selected option's, else its first's."""
+    select = re.search(f'<select[^>]*name="{name}".*?</select>', page, re.S)
+    options = re.findall(
+        r'<option value="([^"]*)"(\s*selected)?', select.group()
+    )
+    return next((v for v, chosen in options if chosen), options[0][0])
 
 
 @pytest.mark.parametrize(

@@ -247,3 +247,18 @@ def test_zope_confs_names_are_lower_cased_and_still_name_methods(sqlite_url):
         assert registered.cache_time == cache_time
         assert (registered.invalidated_by == frozenset()) is folded
         dbtune.close()
+
+
+def test_the_zsql_forms_list_the_connection_as_connected():
+    # What a ZSQL Method's add and edit forms offer as its connection.
+    from OFS.Folder import Folder
+    from Products.ZSQLMethods.SQL import SQLConnectionIDs
+
+    from pyramid_dbtune.zope import manage_addDBTuneConnection
+
+    site = Folder('site')
+    manage_addDBTuneConnection(site, 'dbtune', 'The database')
+    assert SQLConnectionIDs(site) == [
+        ('The database (dbtune), which is connected', 'dbtune')
+    ]
+    assert site.dbtune.title_or_id() == 'The database (connected)'

@@ -371,6 +371,10 @@ class DBTuneConnection(Connection):
     meta_type = 'pyramid_dbtune Database Connection'
     zmi_icon = 'fas fa-database'
     connect_on_load = False
+    # What the ZSQL Methods' add and edit forms list as a connection.
+    _isAnSQLConnection = True
+    # Connected from the start: the package's pools connect as needed.
+    _v_connected = "pyramid_dbtune's settings"
 
     def __init__(self, id, title=''):
         self.id = str(id)
@@ -381,10 +385,8 @@ class DBTuneConnection(Connection):
         return database()
 
     def connect(self, s):
+        self._v_connected = DBTuneConnection._v_connected
         return self
-
-    def connected(self):
-        return "pyramid_dbtune's settings"
 
     def sql_quote__(self, v):
         writer = database().dbtune.router.writer
