@@ -15,7 +15,7 @@ from pyramid_dbtune.settings import parse
 from pyramid_dbtune.zope.connection import Database, quote
 from pyramid_dbtune.zope.ops import front
 
-from conftest import create_tables
+from conftest import create_tables, rent_on
 
 TOKEN = 'the-operator-of-this-zope-site'
 
@@ -262,3 +262,51 @@ def test_the_zsql_forms_list_the_connection_as_connected():
         ('The database (dbtune), which is connected', 'dbtune')
     ]
     assert site.dbtune.title_or_id() == 'The database (connected)'
+
+
+class FailsAtVote:
+    """A resource of Zope's transaction that votes after the package's
+    SQL session has committed, and fails there, as a second database
+    may."""
+
+    transaction_manager = transaction.manager
+
+    def sortKey(self):
+        return '~~after the SQL sessions'
+
+    def tpc_vote(self, txn):
+        raise ValueError('this resource cannot commit')
+
+    def abort(self, txn):
+        pass
+
+    tpc_begin = commit = tpc_finish = tpc_abort = abort
+
+
+def test_a_commit_that_fails_after_the_sql_committed_drops_its_reads(
+    postgresql_url,
+):
+    create_tables(postgresql_url)
+    dbtune = DBTune(parse({'dbtune.url': postgresql_url}))
+    dbtune.register(SQLMethod('get', GET, cache_time=60))
+    database = Database(dbtune)
+    reads = 'SELECT rent FROM property WHERE id = 1'
+    try:
+        assert database.cached_query(reads, 0, 60, 'get_rent')[1] == [[90]]
+        assert database.call(dbtune.methods['get'], {'id': 1})[0].rent == 90
+        database.query('UPDATE property SET rent = 91 WHERE id = 1')
+        transaction.get().join(FailsAtVote())
+        with pytest.raises(ValueError, match='cannot commit'):
+            transaction.commit()
+        transaction.abort()
+        # The SQL was committed: the reads cached before it are gone.
+        assert rent_on(postgresql_url) == 91
+        assert database.cached_query(reads, 0, 60, 'get_rent')[1] == [[91]]
+        assert database.call(dbtune.methods['get'], {'id': 1})[0].rent == 91
+        # The write slot is free.
+        database.query('UPDATE property SET rent = 92 WHERE id = 1')
+        transaction.commit()
+        assert database.call(dbtune.methods['get'], {'id': 1})[0].rent == 92
+    finally:
+        transaction.abort()
+        dbtune.close()

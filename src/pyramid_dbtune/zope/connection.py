@@ -251,6 +251,13 @@ class _Work:
         self.holds_slot = True
         self.session = Session(bind=router.writer)
         register(self.session)
+        # The SQL may commit while Zope's transaction fails after it (at a
+        # later resource's vote): its writes are in the database then.
+        self.committed = False
+        sa.event.listen(self.session, 'after_commit', self._committed)
+
+    def _committed(self, session):
+        self.committed = True
 
     def wrote(self, tables, sql):
         """Note a write ``sql`` of ``tables`` (None: which, it cannot
@@ -269,11 +276,12 @@ class _Work:
         )
 
     def ended(self, committed):
-        """After the commit (or abort): drop what a commit changed, and
-        give the write slot back, once (a commit that fails is aborted
-        too)."""
+        """After the commit (or abort): drop what the session's commit
+        changed, though a later resource failed Zope's commit, and give
+        the write slot back, once (a commit that fails is aborted too)."""
         try:
-            if committed:
+            if committed or self.committed:
+                self.committed = False
                 self.dbtune.cache.invalidate(self.tables)
                 # Causal reads: this process's fills of the tables wait
                 # for a replica that has replayed the commit.
