@@ -394,6 +394,25 @@ def selected(page, name):
     return next((v for v, chosen in options if chosen), options[0][0])
 
 
+def test_a_read_quotes_its_strings_while_the_writer_is_down(
+    database, tmp_path
+):
+    # The primary unreachable from the start: a read that puts a string
+    # into its SQL runs on the replica, as one with a number does.
+    down = f'postgresql+psycopg://postgres@127.0.0.1:{free_port()}/down'
+    reader = database.url.replace('postgres@', 'reader@', 1)
+    settings = {'dbtune.url': down, 'dbtune.read_urls': reader}
+    made = ZopeSite(tmp_path / 'instance', settings)
+    done = made.setup()
+    assert done.returncode == 0, done.stderr
+    made.start()
+    try:
+        assert made.get('/show_rent_now') == (200, '90')
+        assert made.get('/count_in_area?area=Headingley') == (200, '2')
+    finally:
+        made.stop()
+
+
 @pytest.mark.parametrize(
     'settings, error',
     [

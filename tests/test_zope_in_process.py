@@ -4,6 +4,7 @@ are on, and the database outside a Zope request (a real Zope site is in
 test_zope.py)."""
 
 import pytest
+import sqlalchemy as sa
 import transaction
 import webtest
 from pyramid.exceptions import ConfigurationError
@@ -12,8 +13,10 @@ from pyramid_dbtune import SQLMethod
 from pyramid_dbtune.fastpath import registry_of
 from pyramid_dbtune.registry import DBTune
 from pyramid_dbtune.settings import parse
-from pyramid_dbtune.zope.connection import Database, quote
+from pyramid_dbtune.zope.connection import Database
 from pyramid_dbtune.zope.ops import front
+from pyramid_dbtune.zope.quoting import quote, server_dialect
+from servers import free_port
 
 from conftest import create_tables, rent_on
 
@@ -309,4 +312,27 @@ def test_a_commit_that_fails_after_the_sql_committed_drops_its_reads(
         assert database.call(dbtune.methods['get'], {'id': 1})[0].rent == 92
     finally:
         transaction.abort()
+        dbtune.close()
+
+
+def test_strings_are_quoted_as_a_server_that_answers_takes_them(
+    postgresql_url,
+):
+    # The writer down: quoting asks the reader, where a read runs.
+    down = f'postgresql+psycopg://postgres@127.0.0.1:{free_port()}/down'
+    settings = {'dbtune.url': down, 'dbtune.causal_reads': 'false'}
+    dbtune = DBTune(parse({**settings, 'dbtune.read_urls': postgresql_url}))
+    try:
+        dialect = server_dialect(dbtune.router)
+        assert dialect.server_version_info is not None
+        assert dialect is not dbtune.router.writer.dialect
+        assert server_dialect(dbtune.router) is dialect  # no connect again
+    finally:
+        dbtune.close()
+    # Nothing answers: the error of the last tried, the writer.
+    dbtune = DBTune(parse({**settings, 'dbtune.read_urls': down}))
+    try:
+        with pytest.raises(sa.exc.OperationalError):
+            server_dialect(dbtune.router)
+    finally:
         dbtune.close()

@@ -17,7 +17,6 @@ import sqlalchemy as sa
 import transaction
 from AccessControl.class_init import InitializeClass
 from App.config import getConfiguration
-from DocumentTemplate.DT_Var import sql_quote
 from pyramid.exceptions import ConfigurationError
 from Shared.DC.ZRDB import DA
 from Shared.DC.ZRDB.Connection import Connection
@@ -33,6 +32,7 @@ from ..settings import parse
 from ..sql.analysis import analyse
 from ..sql.conditions import any_row, foreign_reach
 from ..sql.method import call_key
+from .quoting import quote, server_dialect
 
 #: The ``<product-config>`` section of ``zope.conf`` that holds the
 #: ``dbtune.*`` settings.
@@ -327,23 +327,6 @@ def _statements(query_string):
     return [s for s in query_string.split('\0') if s.strip()]
 
 
-def quote(value, dialect):
-    """``value`` as a string literal of ``dialect``'s database, as the
-    ZSQL Methods' ``<dtml-sqlvar>`` and ``<dtml-sqltest>`` put strings
-    into their SQL: quotes doubled, and backslashes too where the
-    database takes them as escapes (MySQL and MariaDB, unless their
-    ``sql_mode`` has ``NO_BACKSLASH_ESCAPES``), as their own adapters
-    quote. Zope's generic quoting doubles quotes alone, and on MySQL a
-    backslash before a quote would end the string."""
-    text = sql_quote(value)
-    # SQLAlchemy's MySQL and PostgreSQL dialects read this from the server
-    # as they first connect (MySQL's is on before that, PostgreSQL's
-    # off): there is no public name for it.
-    if getattr(dialect, '_backslash_escapes', False):
-        text = text.replace('\\', '\\\\')
-    return f"'{text}'"
-
-
 def _text(sql):
     """``sql`` as SQLAlchemy runs it: a colon is not a parameter (the
     ZSQL Method put its values in the text)."""
@@ -397,13 +380,7 @@ class DBTuneConnection(Connection):
         return self
 
     def sql_quote__(self, v):
-        writer = database().dbtune.router.writer
-        if writer.dialect.server_version_info is None:
-            # Its dialect reads how the server takes a backslash as it
-            # first connects: before, it can only guess.
-            with writer.connect():
-                pass
-        return quote(v, writer.dialect)
+        return quote(v, server_dialect(database().dbtune.router))
 
 
 InitializeClass(DBTuneConnection)
