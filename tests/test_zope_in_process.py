@@ -336,3 +336,31 @@ def test_strings_are_quoted_as_a_server_that_answers_takes_them(
             server_dialect(dbtune.router)
     finally:
         dbtune.close()
+
+
+def test_zope_confs_overrides_name_zsql_methods_by_id(postgresql_url):
+    # What a ZSQL Method with a cache time (its Advanced tab) asks of its
+    # connection, with zope.conf's names, lower-cased by ZConfig.
+    create_tables(postgresql_url)
+    settings = {
+        'dbtune.url': postgresql_url,
+        'dbtune.cache_time.getrentnow': '0',
+        'dbtune.invalidate.getrent': 'false',
+    }
+    dbtune = DBTune(parse(settings))
+    dbtune.folded = True
+    database = Database(dbtune)
+    reads = 'SELECT rent FROM property WHERE id = 1'
+    try:
+        for name in ('getRent', 'getRentNow', 'other'):
+            assert database.cached_query(reads, 0, 60, name)[1] == [[90]]
+        database.query('UPDATE property SET rent = 91 WHERE id = 1')
+        transaction.commit()
+        # Never dropped by a write; never cached; as its own cache time.
+        assert database.cached_query(reads, 0, 60, 'getRent')[1] == [[90]]
+        assert database.cached_query(reads, 0, 60, 'getRentNow')[1] == [[91]]
+        assert database.cached_query(reads, 0, 60, 'other')[1] == [[91]]
+        assert dbtune.cache.hits == 1
+    finally:
+        transaction.abort()
+        dbtune.close()

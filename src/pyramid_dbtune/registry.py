@@ -161,17 +161,20 @@ class DBTune:
 
     def cache_time(self, method):
         """The seconds ``method``'s rows are kept, settings applied."""
-        cache_time = self._override(self.settings.cache_times, method)
+        cache_time = self.override(self.settings.cache_times, method.name)
         if cache_time is not None:
             return cache_time
         if method.cache_time is None:
             return self.settings.cache_default_time
         return method.cache_time
 
-    def _override(self, overrides, method):
-        if method.name in overrides or not self.folded:
-            return overrides.get(method.name)
-        return overrides.get(method.name.lower())
+    def override(self, overrides, name):
+        """The setting of ``overrides`` (the parsed
+        ``dbtune.cache_time.<name>`` or ``dbtune.invalidate.<name>``)
+        that names the method ``name``; None if none does."""
+        if name in overrides or not self.folded:
+            return overrides.get(name)
+        return overrides.get(name.lower())
 
     def register(self, method):
         if self.router is None:
@@ -202,7 +205,7 @@ class DBTune:
             [method.name, str(method.max_rows), self.router.key, method.sql]
         )
         invalidated_by = method.invalidated_by
-        invalidate = self._override(self.settings.invalidates, method)
+        invalidate = self.override(self.settings.invalidates, method.name)
         if invalidate is not None:
             if method.writes:
                 raise ConfigurationError(

@@ -125,22 +125,29 @@ class Database:
         return answer
 
     def cached_query(self, query_string, max_rows, cache_time, name):
-        """:meth:`query`, a read's rows kept ``cache_time`` seconds in the
-        package's cache (the cache time of the ZSQL Method ``name``)."""
+        """:meth:`query`, a read's rows kept in the package's cache for
+        the cache time of the ZSQL Method ``name`` (``cache_time``) or its
+        ``dbtune.cache_time.<name>``, and dropped by the writes of its
+        tables unless its ``dbtune.invalidate.<name>`` is false."""
         statements = _statements(query_string)
         if len(statements) != 1 or self._work(make=False) is not None:
             return self.query(query_string, max_rows)
         (sql,) = statements
         writes, tables = analyse(sql)
-        if writes:
+        settings, override = self.dbtune.settings, self.dbtune.override
+        time = override(settings.cache_times, name)
+        cache_time = cache_time if time is None else time
+        if writes or not cache_time:
             return self.query(query_string, max_rows)
+        invalidate = override(settings.invalidates, name) is not False
+        tags = tables if invalidate else frozenset()
         # As the package's own SQL methods' keys: the name first (the
         # stats count what writes dropped by it), the values, their types.
         values = (self.dbtune.router.key, sql, max_rows or 0)
         key = (f'zsql {name}', values, (str, str, int))
         return _answer(
             self._cached(
-                key, cache_time, tables, self._read, sql, max_rows, tables
+                key, cache_time, tags, self._read, sql, max_rows, tables
             )
         )
 
