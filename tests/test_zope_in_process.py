@@ -9,7 +9,7 @@ import transaction
 import webtest
 from pyramid.exceptions import ConfigurationError
 
-from pyramid_dbtune import SQLMethod
+from pyramid_dbtune import SQLMethod, WriteInReadError
 from pyramid_dbtune.fastpath import registry_of
 from pyramid_dbtune.registry import DBTune
 from pyramid_dbtune.settings import parse
@@ -363,4 +363,31 @@ def test_zope_confs_overrides_name_zsql_methods_by_id(postgresql_url):
         assert dbtune.cache.hits == 1
     finally:
         transaction.abort()
+        dbtune.close()
+
+
+def test_a_zope_read_that_writes_is_told_what_to_do(postgresql_url):
+    # SELECT nextval(...) reads as a read, and reads run read-only: a ZSQL
+    # Method (uncached, cached) and a code-first method alike.
+    create_tables(postgresql_url)
+    dbtune = DBTune(parse({'dbtune.url': postgresql_url}))
+    nextval = "SELECT nextval('zope_seq') AS n"
+    dbtune.register(SQLMethod('next_id', nextval))
+    database = Database(dbtune)
+    try:
+        database.query('CREATE SEQUENCE IF NOT EXISTS zope_seq')
+        transaction.commit()
+        with pytest.raises(WriteInReadError, match='writes: true'):
+            database.query(nextval)
+        with pytest.raises(WriteInReadError, match='writes: true'):
+            database.cached_query(nextval, 0, 60, 'next_id')
+        with pytest.raises(WriteInReadError, match=r'next_id\(\).*writes='):
+            database.call(dbtune.methods['next_id'], {})
+        # Another error is the database's, as it came.
+        with pytest.raises(sa.exc.ProgrammingError):
+            database.query('SELECT x FROM no_such_table')
+    finally:
+        transaction.abort()
+        database.query('DROP SEQUENCE IF EXISTS zope_seq')
+        transaction.commit()
         dbtune.close()

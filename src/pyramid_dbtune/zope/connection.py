@@ -9,6 +9,7 @@ writer, in a write slot, in a session joined to Zope's ``transaction``,
 whose commit drops the cached reads of the tables it wrote.
 """
 
+import contextlib
 import datetime
 import decimal
 import threading
@@ -20,12 +21,14 @@ from App.config import getConfiguration
 from pyramid.exceptions import ConfigurationError
 from Shared.DC.ZRDB import DA
 from Shared.DC.ZRDB.Connection import Connection
+from sqlalchemy.exc import DBAPIError
 from sqlalchemy.orm import Session
 from zope.globalrequest import getRequest
 from zope.sqlalchemy import mark_changed, register
 
 from ..registry import DBTune
 from ..routing.connect import fetch
+from ..routing.errors import WriteInReadError, is_read_only_refusal
 from ..routing.lag import NO_POSITION, read_pin, sign_pin
 from ..routing.work import PIN_COOKIE, PIN_FOR
 from ..settings import parse
@@ -197,14 +200,15 @@ class Database:
         return rows.own()  # the cache's are every caller's
 
     def _read_method(self, statement, params, method, position, fill=False):
-        return self.dbtune.router.read(
-            statement,
-            params,
-            method.max_rows,
-            method.tables,
-            position=position,
-            fill=fill,
-        )
+        with _read_only(f'SQL method {method.name}()', _DECLARE):
+            return self.dbtune.router.read(
+                statement,
+                params,
+                method.max_rows,
+                method.tables,
+                position=position,
+                fill=fill,
+            )
 
     def _run(self, sql, max_rows):
         writes, tables = analyse(sql)
@@ -221,14 +225,17 @@ class Database:
         return _answer(rows)
 
     def _read(self, sql, max_rows, tables, position, fill=False):
-        return self.dbtune.router.read(
-            _text(sql),
-            {},
-            max_rows,
-            tables,
-            position=position,
-            fill=fill,
-        )
+        with _read_only(
+            f'the ZSQL Method of {" ".join(sql.split())!r}', _MOVE
+        ):
+            return self.dbtune.router.read(
+                _text(sql),
+                {},
+                max_rows,
+                tables,
+                position=position,
+                fill=fill,
+            )
 
     def _work(self, make):
         """The writing side of Zope's current transaction: made at its
@@ -328,6 +335,32 @@ def _pin_client(router, position):
             same_site='Lax',
             path='/',
         )
+
+
+_DECLARE = (
+    'declare it with writes=True (or a "-- writes: true" line in its file)'
+)
+_MOVE = (
+    'a ZSQL Method cannot be declared a write: move its SQL to a '
+    'code-first SQL method with a "-- writes: true" line (see "Code-first '
+    'sites" in the Zope docs)'
+)
+
+
+@contextlib.contextmanager
+def _read_only(what, advice):
+    """The database's refusal of a write in a read, which runs read-only,
+    as :class:`~pyramid_dbtune.WriteInReadError`: ``what`` tried to
+    write, and the ``advice``."""
+    try:
+        yield
+    except DBAPIError as exc:
+        if is_read_only_refusal(exc.orig):
+            raise WriteInReadError(
+                f'{what} tried to change the database, but its statement '
+                f'reads as a read, and reads run read-only: {advice}'
+            ) from exc
+        raise
 
 
 def _statements(query_string):
