@@ -6,10 +6,15 @@ machine."""
 import threading
 
 import sqlalchemy as sa
+import transaction
 from webtest import TestApp
 
+from pyramid_dbtune import SQLMethod
+from pyramid_dbtune.registry import DBTune
 from pyramid_dbtune.routing.lag import read_pin
 from pyramid_dbtune.routing.work import PIN_COOKIE
+from pyramid_dbtune.settings import parse
+from pyramid_dbtune.zope.connection import Database
 
 from conftest import GET, SET_RENT, call, until
 
@@ -97,3 +102,48 @@ def test_a_read_as_a_write_commits_fills_no_old_rows(replicated, apps):
     assert len(meanwhile) == 1
     # A client with no pin, after the commit: fresh rows.
     assert rent(call(TestApp(app.app), ('cached', {'id': 1}))) == 95
+
+
+def test_a_read_as_zope_commits_fills_no_old_rows(replicated):
+    # As above, through the Zope side's database (a zconsole script: no
+    # request, no pin).
+    primary, standby = replicated
+    dbtune = DBTune(
+        parse({'dbtune.url': primary.url, 'dbtune.read_urls': standby.url})
+    )
+    dbtune.register(SQLMethod('get', GET['sql'], cache_time=60))
+    dbtune.register(SQLMethod('set', SET_RENT['sql']))
+    database = Database(dbtune)
+    router = dbtune.router
+    (reader,) = router.readers
+    meanwhile = []
+
+    def rent_now():
+        rows = []
+        thread = threading.Thread(
+            target=lambda: rows.extend(
+                database.call(dbtune.methods['get'], {'id': 1})
+            )
+        )
+        thread.start()
+        thread.join(30)
+        return rows[0].rent
+
+    def read_elsewhere(conn, cursor, statement, *args):
+        if ('wal_lsn' in statement or 'gtid_current_pos' in statement) and (
+            not meanwhile
+        ):
+            meanwhile.append(rent_now())
+
+    try:
+        until(lambda: covers(reader, router.position()))
+        assert rent_now() == 90
+        sa.event.listen(router.writer, 'before_cursor_execute', read_elsewhere)
+        database.call(dbtune.methods['set'], {'id': 1, 'rent': 95})
+        transaction.commit()
+        sa.event.remove(router.writer, 'before_cursor_execute', read_elsewhere)
+        assert len(meanwhile) == 1
+        assert rent_now() == 95
+    finally:
+        transaction.abort()
+        dbtune.close()

@@ -296,16 +296,19 @@ class _Work:
         try:
             if committed or self.committed:
                 self.committed = False
-                self.dbtune.cache.invalidate(self.tables)
-                # Causal reads: this process's fills of the tables wait
-                # for a replica that has replayed the commit.
-                router = self.dbtune.router
-                position = router.positions and router.position()
-                if position:
-                    router.wrote(self.tables, position)
-                    _pin_client(router, position)
-                else:  # dbtune.pin_after_write: reads to the writer
-                    router.wrote(self.tables)
+                # Noted before the rows are dropped (and they are dropped
+                # whatever noting does): causal reads, this process's fills
+                # of the tables wait for a replica that has replayed it.
+                try:
+                    router = self.dbtune.router
+                    position = router.positions and router.position()
+                    if position:
+                        router.wrote(self.tables, position)
+                        _pin_client(router, position)
+                    else:  # dbtune.pin_after_write: reads to the writer
+                        router.wrote(self.tables)
+                finally:
+                    self.dbtune.cache.invalidate(self.tables)
         finally:
             if self.holds_slot:
                 self.holds_slot = False
