@@ -23,7 +23,6 @@ from time import perf_counter
 
 import sqlalchemy as sa
 import transaction.interfaces
-from pyramid import threadlocal
 from zope.sqlalchemy import mark_changed, register
 
 from ..cache.triggers import CHANNEL
@@ -34,34 +33,15 @@ from .errors import (
     WriteSlotTimeout,
 )
 from .lag import NO_POSITION, read_pin, sign_pin
+from .pins import PIN_COOKIE, PIN_FOR, parent_of
 from .touched import touched
 
 log = logging.getLogger(__name__)
-
-#: The name of the cookie that pins a client to the writer after a write.
-PIN_COOKIE = 'dbtune_pin'
 
 #: The key of a routed session's ``info`` that holds its unit of work.
 UNIT = 'dbtune.unit'
 #: ... and the bind it had before it was adopted.
 OWN_BIND = 'dbtune.own_bind'
-#: Seconds a causal pin is kept by the client: replicas replay long before.
-PIN_FOR = 3600
-
-
-def _parent_of(request):
-    """The request under ``request`` that goes on in its transaction, if
-    any: a subrequest's parent, the nearest request below it on Pyramid's
-    stack of current requests (Pyramid pushes each request it invokes
-    there) whose transaction manager is its own. Pyramid has no public
-    way to look below the top of that stack (``get_current_request``),
-    hence its ``manager.stack``."""
-    tm = request.tm
-    for pushed in reversed(threadlocal.manager.stack):
-        below = pushed.get('request')
-        if below is not request and getattr(below, 'tm', None) is tm:
-            return below
-    return None
 
 
 class UnitOfWork:
@@ -110,7 +90,7 @@ class UnitOfWork:
         if router.positions or timed:
             pin = request.cookies.get(PIN_COOKIE)
             if pin is None:  # a subrequest's parent holds the client's
-                parent = _parent_of(request)
+                parent = parent_of(request)
                 pin = (
                     ''
                     if parent is None
@@ -183,7 +163,7 @@ class UnitOfWork:
         except KeyError:  # it ended: an ended transaction forgets its data
             going_on = False
         if going_on:
-            parent = _parent_of(request)
+            parent = parent_of(request)
             if parent is not None:
                 # It goes on in the transaction, and ends it. Another
                 # app's request, that serves this app, is not given its
