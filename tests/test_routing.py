@@ -25,7 +25,7 @@ from webtest import TestApp
 
 from pyramid_dbtune import WriteInReadError, WriteSlotTimeout
 from pyramid_dbtune.routing.errors import is_retryable
-from pyramid_dbtune.routing.lag import EVERY
+from pyramid_dbtune.routing.lag import EVERY, sign_pin
 from pyramid_dbtune.routing.work import PIN_COOKIE
 
 from conftest import (
@@ -1022,6 +1022,13 @@ def test_nested_subrequests_write_in_the_outermost_transaction(sqlite_url):
     app.app.registry.dbtune.router.dispose()
 
 
+def time_pinned(app, seconds):
+    """The cookie of a time pin of ``seconds`` from now, as ``app``
+    signs it."""
+    key = app.app.registry.dbtune.router.pin_key
+    return sign_pin(int(time.time() + seconds), key)
+
+
 def test_a_unit_a_subrequest_makes_keeps_the_clients_pin(sqlite_url):
     pinned = []
 
@@ -1035,7 +1042,7 @@ def test_a_unit_a_subrequest_makes_keeps_the_clients_pin(sqlite_url):
 
     settings = {'dbtune.read_urls': sqlite_url, 'dbtune.pin_after_write': '5'}
     app = parent_and_child(sqlite_url, parent, child, **settings)
-    app.set_cookie(PIN_COOKIE, str(int(time.time() + 60)))
+    app.set_cookie(PIN_COOKIE, time_pinned(app, 60))
     app.get('/parent')
     assert pinned == [True]
     app.app.registry.dbtune.router.dispose()
@@ -1065,7 +1072,7 @@ def test_the_next_request_in_a_transaction_left_open_has_its_own_pin(
     }
     app = parent_and_child(sqlite_url, parent, blank, **settings)
     router = app.app.registry.dbtune.router
-    app.set_cookie(PIN_COOKIE, str(int(time.time() + 60)))
+    app.set_cookie(PIN_COOKIE, time_pinned(app, 60))
     assert app.get('/parent').json == 4
     app.reset()  # another client: no pin
     assert app.get('/parent').json == 4
@@ -1532,3 +1539,27 @@ def test_a_write_waiting_for_a_lock_gives_up_retryably(mysql_url, apps):
         assert IRetryableError.providedBy(raised.value)
         holder.rollback()
     engine.dispose()
+
+
+def test_a_time_pin_lasts_its_whole_time_and_is_signed(sqlite_url, apps):
+    settings = {
+        'dbtune.read_urls': sqlite_url,
+        'dbtune.pin_after_write': '0.5',
+    }
+    areas = {'name': 'areas', 'sql': 'SELECT name FROM area'}
+    app = apps(sqlite_url, [SET_RENT, areas], settings)
+    log = query_log(app)
+    before = time.time()
+    answer = app.post_json(
+        '/call', {'calls': [['set_rent', {'id': 1, 'rent': 4}]]}
+    )
+    assert 'Max-Age=1' in answer.headers['Set-Cookie']
+    value = app.cookies[PIN_COOKIE]
+    # Until the end of its second: a 0.5 s pin rounded down is none.
+    assert int(value.partition('.')[0]) >= before + 0.5
+    # A client that made up a pin of its own reads on the replica.
+    forged = TestApp(app.app)
+    forged.set_cookie(PIN_COOKIE, str(int(time.time()) + 3600))
+    call(forged, ('areas', {}))
+    assert log.count('FROM area', engine='writer') == 0
+    assert log.count('FROM area', engine='reader0') == 1

@@ -1,7 +1,13 @@
 """A client's pin to what it wrote, a cookie: until a time (the writer's,
-for ``dbtune.pin_after_write``), or a log position (causal reads)."""
+for ``dbtune.pin_after_write``), or a log position (causal reads); both
+signed."""
+
+import hmac
 
 from pyramid import threadlocal
+
+from ..convert import whole_number
+from .lag import sign_pin
 
 #: The name of the cookie that pins a client to the writer after a write.
 PIN_COOKIE = 'dbtune_pin'
@@ -23,3 +29,18 @@ def parent_of(request):
         if below is not request and getattr(below, 'tm', None) is tm:
             return below
     return None
+
+
+def time_pin(value, key):
+    """The time until which a time pin's cookie ``value`` pins its
+    client, or None: for no pin, or one not signed with ``key`` (else a
+    client could send every read of its own to the writer)."""
+    text, _, _ = value.partition('.')
+    until = whole_number(text)
+    if (
+        until is None
+        or not value.isascii()
+        or not hmac.compare_digest(value, sign_pin(until, key))
+    ):
+        return None
+    return until

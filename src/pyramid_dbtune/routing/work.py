@@ -17,6 +17,7 @@ to it, and returns once the listener has heard of it.
 
 import json
 import logging
+import math
 import time
 from functools import partial
 from time import perf_counter
@@ -26,14 +27,13 @@ import transaction.interfaces
 from zope.sqlalchemy import mark_changed, register
 
 from ..cache.triggers import CHANNEL
-from ..convert import whole_number
 from ..sql.conditions import any_row, foreign_reach
 from .connect import fetch
 from .errors import (
     WriteSlotTimeout,
 )
 from .lag import NO_POSITION, read_pin, sign_pin
-from .pins import PIN_COOKIE, PIN_FOR, parent_of
+from .pins import PIN_COOKIE, PIN_FOR, parent_of, time_pin
 from .touched import touched
 
 log = logging.getLogger(__name__)
@@ -99,7 +99,7 @@ class UnitOfWork:
             if router.positions:
                 self.position = read_pin(pin, router.pin_key)
             if timed:
-                until = whole_number(pin)
+                until = time_pin(pin, router.pin_key)
                 self.pinned = until is not None and until > time.time()
 
     @classmethod
@@ -435,8 +435,12 @@ class UnitOfWork:
             return
         if not self._committed_writes:
             self._committed_writes = True
+            # Until the end of its last second, not the start: a pin of
+            # 0.5 s is no pin else, half the time.
+            key = self.router.pin_key
             self._set_pin(
-                lambda: str(int(time.time() + seconds)), int(seconds + 0.999)
+                lambda: sign_pin(math.ceil(time.time() + seconds), key),
+                math.ceil(seconds),
             )
         self.pinned = True
 
