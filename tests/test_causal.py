@@ -201,6 +201,25 @@ def test_a_pinned_client_is_not_served_rows_read_before_its_pin(
     assert answer['results'][0]['rows'][0][2] == 120
 
 
+@pytest.mark.parametrize('replicated', ['postgresql'], indirect=True)
+def test_a_write_committed_asynchronously_is_read_back(replicated, apps):
+    # synchronous_commit = off: the commit returns before its record is
+    # written out. The client's pin is past that record all the same, and
+    # its reads wait for a standby that has replayed it.
+    primary, standby = replicated
+    url = f'{primary.url}?options=-csynchronous_commit%3Doff'
+    settings = {'dbtune.read_urls': standby.url}
+    app = apps(url, [NOW, SET_RENT], settings, tables=False)
+    router = app.app.registry.dbtune.router
+    (reader,) = router.readers
+    stale = 0
+    for value in range(500, 510):
+        until(lambda: covers(reader, router.position()))
+        call(app, ('set_rent', {'id': 1, 'rent': value}))
+        stale += rent(call(app, ('get', {'id': 1}))) != value
+    assert stale == 0
+
+
 def replayed(url, position):
     """Whether the database of ``url`` has replayed ``position`` now."""
     engine = sa.create_engine(url, poolclass=sa.pool.NullPool)

@@ -106,9 +106,12 @@ def position_of(connection):
     yet; MySQL, which has no MariaDB GTIDs)."""
     dialect = connection.dialect
     if dialect.name == 'postgresql':
+        # A primary's insert position: with synchronous_commit = off a
+        # commit returns before its record is written out, so the write
+        # position (pg_current_wal_lsn) may lie before it.
         text = connection.exec_driver_sql(
             'SELECT CASE WHEN pg_is_in_recovery() THEN '
-            'pg_last_wal_replay_lsn() ELSE pg_current_wal_lsn() END'
+            'pg_last_wal_replay_lsn() ELSE pg_current_wal_insert_lsn() END'
         ).scalar()
         return None if text is None else Position({0: lsn(text)})
     if dialect.is_mariadb:
