@@ -86,6 +86,53 @@ def test_a_standby_behind_is_passed_over_until_it_catches_up(
     until(on_the_reader)
 
 
+@pytest.mark.parametrize('replicated', ['postgresql'], indirect=True)
+def test_a_standby_whose_streaming_stopped_gets_no_reads(replicated, apps):
+    # Its WAL receiver gone, a standby has replayed all it received, for
+    # good: it does not know how far behind it is.
+    primary, standby = replicated
+    settings = {
+        'dbtune.read_urls': standby.url,
+        'dbtune.max_replica_lag': '1',
+        'dbtune.causal_reads': 'false',  # the lag alone is looked at
+    }
+    app = apps(primary.url, [NOW], settings, tables=False)
+    (reader,) = app.app.registry.dbtune.router.readers
+    until(lambda: reader.lag == 0)
+    conninfo = on_standby(standby, 'SHOW primary_conninfo')
+    on_standby(standby, "ALTER SYSTEM SET primary_conninfo = ''")
+    try:
+        until(lambda: not receiving(standby))
+        set_rent(primary.url, 93)
+        time.sleep(3 * EVERY)  # looked at since
+        assert uncached(app) == 93 and reader.reads == 0
+    finally:
+        escaped = conninfo.replace("'", "''")
+        on_standby(standby, f"ALTER SYSTEM SET primary_conninfo = '{escaped}'")
+        until(lambda: receiving(standby))
+
+
+def on_standby(standby, sql):
+    """Run ``sql`` on the standby, outside a transaction, and reload its
+    configuration; the first value it answered, if any."""
+    engine = sa.create_engine(
+        standby.url, poolclass=sa.pool.NullPool, isolation_level='AUTOCOMMIT'
+    )
+    try:
+        with engine.connect() as connection:
+            result = connection.exec_driver_sql(sql)
+            value = result.scalar() if result.returns_rows else None
+            connection.exec_driver_sql('SELECT pg_reload_conf()')
+            return value
+    finally:
+        engine.dispose()
+
+
+def receiving(standby):
+    """Whether the standby's WAL receiver runs."""
+    return on_standby(standby, 'SELECT count(*) FROM pg_stat_wal_receiver')
+
+
 def test_a_replica_stopped_and_started_under_load_fails_no_read(
     replicated, apps
 ):

@@ -27,12 +27,16 @@ log = logging.getLogger(__name__)
 EVERY = 0.25
 
 #: Seconds a replica is behind, as the database tells it: 0 when it is
-#: not a replica, or has replayed all it received.
+#: not a replica, or has replayed all it received; NULL (not known) for a
+#: PostgreSQL standby whose streaming stopped, which has replayed all it
+#: received for good (one fed from an archive alone receives nothing).
 _LAG = {
     'postgresql': (
-        'SELECT CASE WHEN NOT pg_is_in_recovery() OR '
-        'pg_last_wal_receive_lsn() = pg_last_wal_replay_lsn() THEN 0 ELSE '
-        'EXTRACT(EPOCH FROM clock_timestamp() - '
+        'SELECT CASE WHEN NOT pg_is_in_recovery() THEN 0 '
+        'WHEN pg_last_wal_receive_lsn() IS NOT NULL AND NOT EXISTS '
+        '(SELECT 1 FROM pg_stat_wal_receiver) THEN NULL '
+        'WHEN pg_last_wal_receive_lsn() = pg_last_wal_replay_lsn() THEN 0 '
+        'ELSE EXTRACT(EPOCH FROM clock_timestamp() - '
         'pg_last_xact_replay_timestamp()) END'
     ),
     'mysql': 'SHOW SLAVE STATUS',
