@@ -366,6 +366,26 @@ def test_a_reader_lost_mid_read_fails_over(postgresql_url, apps):
     assert router.failovers == 1
 
 
+def test_the_first_read_after_the_database_restarted_is_answered(
+    own_postgresql, apps, caplog
+):
+    # Every connection pooled, the read pool's and the writer's, died with
+    # the server. The read that finds its connection gone runs again on
+    # another, and the log does not say the database is down: it is up.
+    rents = {'name': 'rents', 'sql': 'SELECT rent FROM property WHERE id = 1'}
+    app = apps(own_postgresql.url, [rents, SET_RENT])
+    assert call(app, ('rents', {}))['results'][0]['rows'] == [[90]]
+    call(app, ('set_rent', {'id': 1, 'rent': 91}))  # pools a writer's
+    own_postgresql.stop()  # a fast shutdown: every connection is cut
+    own_postgresql.start()
+    with caplog.at_level(logging.WARNING, 'pyramid_dbtune'):
+        for _ in range(2):
+            assert call(app, ('rents', {}))['results'][0]['rows'] == [[91]]
+    said = [r.getMessage() for r in caplog.records]
+    assert not any('did not answer' in m for m in said), said
+    assert any(m.startswith('a read lost its connection') for m in said)
+
+
 def test_a_statement_error_on_a_reader_is_not_a_failover(sqlite_url, apps):
     bad = {'name': 'bad', 'sql': 'SELECT * FROM no_such_table'}
     app = apps(sqlite_url, [bad])

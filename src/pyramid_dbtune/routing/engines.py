@@ -244,6 +244,7 @@ class Router:
         # With causal reads, the rows are stamped with where the reader
         # was, at least, before they were read.
         read_at = (reader.position or NO_POSITION) if self.positions else None
+        connection = None
         try:
             try:
                 connection = reader.engine.connect()
@@ -264,7 +265,7 @@ class Router:
         finally:
             with self._lock:
                 reader.in_flight -= 1
-        self._down(reader, failed)
+        self._down(reader, failed, lost=connection is not None)
         self.failovers += 1
         return self._read_on(self.writer, statement, params, max_rows, fill)
 
@@ -293,8 +294,18 @@ class Router:
         return seen.covers(position)
 
     def _read_on(self, engine, statement, params, max_rows, fill=False):
-        """A read on the writer, made read-only for the read alone."""
+        """A read on the writer, made read-only for the read alone; run
+        again, once, where its connection was found lost (the database
+        restarted, say: SQLAlchemy then renews the pool's connections)."""
         self.writer_reads += 1
+        try:
+            return self._read_once(engine, statement, params, max_rows, fill)
+        except DBAPIError as exc:
+            if not exc.connection_invalidated:
+                raise
+        return self._read_once(engine, statement, params, max_rows, fill)
+
+    def _read_once(self, engine, statement, params, max_rows, fill):
         with engine.connect() as connection:
             # A fill is stamped as a replica's is, with where the writer
             # was before the read: a client whose pin is later (a commit
@@ -351,10 +362,13 @@ class Router:
         if error is not None and (
             context.connection is None or context.is_disconnect
         ):
-            self._down(reader, context.original_exception)
+            lost = context.connection is not None
+            self._down(reader, context.original_exception, lost)
             mark_error_retryable(error)
 
-    def _down(self, reader, exc):
+    def _down(self, reader, exc, lost=False):
+        """Take ``reader`` out; ``lost``: a connection it had answered on
+        was lost (else it refused one, or did not answer)."""
         now = monotonic()
         with self._lock:
             if reader.down_until > now:
@@ -372,9 +386,12 @@ class Router:
             )
         elif was_up:
             # No replica: the read pool is the writer's database, which
-            # a read on the writer will find down too.
+            # a read on the writer will find down too, unless it is up
+            # and only the connection was lost (a restart).
             log.warning(
-                'the database %s did not answer a read: %s',
+                'a read lost its connection to the database %s: %s'
+                if lost
+                else 'the database %s did not answer a read: %s',
                 reader.name,
                 getattr(exc, 'orig', exc),
             )
