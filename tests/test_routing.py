@@ -1507,6 +1507,29 @@ def test_a_statement_past_its_time_limit_is_stopped(server_url, apps):
         call(app, ('slow', {}))
 
 
+def test_a_read_past_its_time_limit_on_a_replica_reaches_the_caller(
+    mysql_url, apps, caplog
+):
+    # PyMySQL stops waiting for the answer (its read_timeout) and drops
+    # the connection, which had answered: the replica is up. The error
+    # reaches the caller once, as PostgreSQL's own limit's does; the read
+    # is not run again on the writer, nor the replica taken out.
+    slow = {'name': 'slow', 'sql': 'SELECT SLEEP(3) AS x'}
+    app = apps(mysql_url, [slow], {
+        'dbtune.read_urls': mysql_url, 'dbtune.statement_timeout': '1',
+    })  # fmt: skip
+    router = app.app.registry.dbtune.router
+    with (
+        caplog.at_level(logging.WARNING, 'pyramid_dbtune'),
+        pytest.raises(sa.exc.OperationalError) as raised,
+    ):
+        call(app, ('slow', {}))
+    assert not IRetryableError.providedBy(raised.value)
+    assert router.failovers == 0 and router.writer_reads == 0
+    assert 'is down' not in caplog.text
+    assert router.readers[0].backoff == 0
+
+
 def test_a_time_limit_the_url_names_wins():
     from pyramid_dbtune.routing.connect import connect_args
 

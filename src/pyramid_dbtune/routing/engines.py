@@ -21,9 +21,7 @@ from ..deploy import forks
 from ..sql.analysis import ANY_TABLE
 from ..sql.shapes import parse_snapshot
 from .connect import READ_ONLY_STATEMENTS, fetch, make_engine, make_read_only
-from .errors import (
-    WriteSlotTimeout,
-)
+from .errors import WriteSlotTimeout, is_timeout
 from .lag import LOOK, NO_POSITION, LagWatch, position_of
 from .schema import Schema
 
@@ -256,7 +254,7 @@ class Router:
                         connection, statement, params, max_rows, read_at, fill
                     )
                 except DBAPIError as exc:
-                    if not exc.connection_invalidated:
+                    if not _lost(exc):
                         raise  # the statement's fault, not the reader's
                     failed = exc  # the reader went away mid-read
                 else:
@@ -301,7 +299,7 @@ class Router:
         try:
             return self._read_once(engine, statement, params, max_rows, fill)
         except DBAPIError as exc:
-            if not exc.connection_invalidated:
+            if not _lost(exc):
                 raise
         return self._read_once(engine, statement, params, max_rows, fill)
 
@@ -360,7 +358,8 @@ class Router:
         # A driver's error on connecting, or a lost connection: the reader
         # is out. Anything else is the statement's, or the program's.
         if error is not None and (
-            context.connection is None or context.is_disconnect
+            context.connection is None
+            or (context.is_disconnect and not is_timeout(error.orig))
         ):
             lost = context.connection is not None
             self._down(reader, context.original_exception, lost)
@@ -474,3 +473,10 @@ class Router:
                 self.settings.write_timeout, self.settings.write_concurrency
             )
         return waited
+
+
+def _lost(exc):
+    """Whether a read's connection was lost, rather than given up on by
+    the driver's time limit (which is the statement's, as PostgreSQL's
+    own limit is)."""
+    return exc.connection_invalidated and not is_timeout(exc.orig)

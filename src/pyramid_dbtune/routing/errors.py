@@ -69,6 +69,18 @@ def is_retryable(orig):
     return number in RETRYABLE_MYSQL
 
 
+def is_timeout(orig):
+    """Whether a driver error is the client having stopped waiting for an
+    answer on a connection that had answered (PyMySQL's ``read_timeout``
+    or ``write_timeout``: a lost connection, raised from the socket's
+    timeout, within the driver's handling of it). Its statement ran too
+    long: the server is up."""
+    cause = getattr(orig, '__cause__', None) or getattr(
+        orig, '__context__', None
+    )
+    return isinstance(cause, TimeoutError)
+
+
 def is_read_only_refusal(orig):
     """Whether a driver error refuses a write in a read-only transaction."""
     sqlstate, number = _codes(orig)
