@@ -59,6 +59,13 @@ def test_causal_reads_in_one_process(replicated, apps):
     assert rent(call(app, ('get', {'id': 1}))) == 96
 
 
+def asks_position(statement):
+    """Whether ``statement`` asks a database's log position."""
+    return (
+        'pg_is_in_recovery()' in statement or '@@gtid_current_pos' in statement
+    )
+
+
 def covers(reader, position):
     """Whether ``reader`` has replayed ``position``, as last seen."""
     return reader.position is not None and reader.position.covers(position)
@@ -83,9 +90,7 @@ def test_a_read_as_a_write_commits_fills_no_old_rows(replicated, apps):
     meanwhile = []
 
     def read_elsewhere(conn, cursor, statement, *args):
-        if ('wal_lsn' in statement or 'gtid_current_pos' in statement) and (
-            not meanwhile
-        ):
+        if asks_position(statement) and not meanwhile:
             other = TestApp(app.app)
             read = ('cached', {'id': 1})
             thread = threading.Thread(
@@ -130,9 +135,7 @@ def test_a_read_as_zope_commits_fills_no_old_rows(replicated):
         return rows[0].rent
 
     def read_elsewhere(conn, cursor, statement, *args):
-        if ('wal_lsn' in statement or 'gtid_current_pos' in statement) and (
-            not meanwhile
-        ):
+        if asks_position(statement) and not meanwhile:
             meanwhile.append(rent_now())
 
     try:
