@@ -233,16 +233,24 @@ def sign_pin(position, key):
     return f'{position}.{mac.hexdigest()[:32]}'
 
 
+def signed(value, key, parse):
+    """``parse(text)`` of a pin's cookie ``value``, ``text.signature`` as
+    :func:`sign_pin` makes it; None where it is not signed with ``key``
+    (or ``parse`` finds nothing)."""
+    text, _, _ = value.partition('.')
+    found = parse(text)
+    # compare_digest refuses text that is not ASCII (a forged cookie).
+    if (
+        found is None
+        or not value.isascii()
+        or not hmac.compare_digest(value, sign_pin(found, key))
+    ):
+        return None
+    return found
+
+
 def read_pin(value, key):
     """The :class:`Position` of a causal pin's cookie value: none for no
     pin, or one not signed with ``key``."""
-    text, _, _ = value.partition('.')
-    position = Position.parse(text)
-    # compare_digest refuses text that is not ASCII (a forged cookie).
-    if (
-        position is None
-        or not value.isascii()
-        or not hmac.compare_digest(value, sign_pin(position, key))
-    ):
-        return NO_POSITION
-    return position
+    position = signed(value, key, Position.parse)
+    return NO_POSITION if position is None else position

@@ -2,12 +2,10 @@
 for ``dbtune.pin_after_write``), or a log position (causal reads); both
 signed."""
 
-import hmac
-
 from pyramid import threadlocal
 
 from ..convert import whole_number
-from .lag import sign_pin
+from .lag import signed
 
 #: The name of the cookie that pins a client to the writer after a write.
 PIN_COOKIE = 'dbtune_pin'
@@ -35,12 +33,4 @@ def time_pin(value, key):
     """The time until which a time pin's cookie ``value`` pins its
     client, or None: for no pin, or one not signed with ``key`` (else a
     client could send every read of its own to the writer)."""
-    text, _, _ = value.partition('.')
-    until = whole_number(text)
-    if (
-        until is None
-        or not value.isascii()
-        or not hmac.compare_digest(value, sign_pin(until, key))
-    ):
-        return None
-    return until
+    return signed(value, key, whole_number)
