@@ -896,6 +896,13 @@ def test_a_write_of_two_tables_has_no_shape():
         ('SELECT * FROM t WHERE a = :a AND b = :b || c = :c', ()),
         ('SELECT * FROM t WHERE a = :a AND b = :b XOR c = :c', ()),
         ('SELECT * FROM t WHERE CASE WHEN c THEN b AND a = :a AND d END', ()),
+        # A CASE outside the WHERE has no say in its conditions.
+        (
+            'SELECT CASE WHEN b THEN 1 END AS x FROM t WHERE a = :a '
+            'ORDER BY CASE WHEN c THEN 1 AND 2 END',
+            (('a', 'a'),),
+        ),
+        ('SELECT 1 AS x WHERE :a IN (TABLE t)', ()),  # no FROM
         # MySQL's # comment ends with its line, where standard SQL's
         # reading finds a literal that hides the OR after it.
         (

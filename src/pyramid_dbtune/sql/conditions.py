@@ -156,8 +156,8 @@ def _equality(reader, run):
 
 
 #: Words that make a read's ``AND``-ed conditions no pins: a join, the
-#: ``AND`` of ``BETWEEN``, and of a condition within ``CASE``.
-_UNPINNED = frozenset(['join', 'between', 'case'])
+#: ``AND`` of ``BETWEEN``.
+_UNPINNED = frozenset(['join', 'between'])
 #: At the WHERE's depth, a condition that may hold where a pin does not:
 #: ``OR``, MySQL's ``XOR``, and ``||`` (MySQL's ``OR``).
 _EITHER = frozenset(['or', 'xor', '|'])
@@ -174,13 +174,15 @@ def read_pins(sql, tables):
     if lower.count('select') != 1 or not _UNPINNED.isdisjoint(lower):
         return ()
     where = _where(reader)
-    if where is None:
+    if where is None or 'from' not in lower:  # PostgreSQL's TABLE x, say
         return ()
     start = lower.index('from')
     if any(  # FROM a, b: a table twice over, say, of which one is pinned
         lower[i] == ',' and reader.depth[i] == reader.depth[start]
         for i in range(start, where[0])
     ):
+        return ()
+    if 'case' in lower[slice(*where)]:  # its own ANDs, not the WHERE's
         return ()
     runs = _split(reader, *where, 'and')
     if any(
