@@ -16,6 +16,7 @@ from pyramid_dbtune.sql.shapes import (
     compare,
     matches,
     parse_snapshot,
+    parsed_otherwise,
     read_shape,
     touches,
     visible,
@@ -122,6 +123,10 @@ def test_values_are_compared_only_where_every_database_agrees():
     # Day or month first: as a DATE column parses it, not as it reads.
     assert compare('12/01/2025', '01/15/2026') is None
     assert compare('01.12.2025', '15.01.2026') is None
+    # Text of digits that is no such date is stored as it is written.
+    for text in ('10.0.0.1', '1.2.3', '06-12-345678', '2026-01-15'):
+        assert not parsed_otherwise(text), text
+    assert parsed_otherwise('01/15/2026 10:30')
     assert compare(Decimal('0.1'), 0.1) == 0  # as floats, as databases do
     assert compare(Decimal('NaN'), 1) is None
     assert compare('Leeds', 'York') is UNEQUAL

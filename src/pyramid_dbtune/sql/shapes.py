@@ -56,7 +56,9 @@ _DIGIT = re.compile('[0-9]')
 #: A date written day or month first (``12/01/2025``, ``01.12.2025``):
 #: its characters do not order it, and a column parses it as its
 #: database's date style says.
-_LITTLE_ENDIAN = re.compile(r'[0-9]{1,2}[-/.][0-9]{1,2}[-/.][0-9]')
+_LITTLE_ENDIAN = re.compile(
+    r'[0-9]{1,2}([-/.])[0-9]{1,2}\1(?:[0-9]{2}|[0-9]{4})(?:[ T][0-9:.]*)?\Z'
+)
 #: A time of day and its offset from UTC, at the end of a text
 #: (``2026-01-01T10:30:00-05:00``): an instant, which its characters do
 #: not order.
