@@ -330,7 +330,7 @@ def test_a_header_after_comments_is_read(tmp_path, sqlite_url, apps):
     [
         ('SELECT 1\n<dtml-comment>\nmax_rows: 0\n</dtml-comment>\n', 3),
         ('<dtml-comment>\ntitle: t\n</dtml-comment>\nSELECT 1\n'
-         '<dtml-comment>old:\n  Cache-Time: 60\n</dtml-comment>', 6),
+         '<dtml-comment>\n  Cache-Time: 60\n\n</dtml-comment>', 6),
     ],
 )  # fmt: skip
 def test_header_keys_after_the_statement_begins_are_refused(
@@ -342,9 +342,13 @@ def test_header_keys_after_the_statement_begins_are_refused(
         load_zsql_file(path)
     assert str(info.value).startswith(f'{path}:{line}: ')
     assert 'the header must come first' in str(info.value)
-    # A comment of prose, or a key the header does not know, is a comment.
-    path.write_text('SELECT 1\n<dtml-comment>\nnote: old\n</dtml-comment>\n')
-    assert load_zsql_file(path).bind({})[0].text.strip() == 'SELECT 1'
+    # A comment of prose, or a key the header does not know, is a comment,
+    # though a line of it reads as a key.
+    for prose in ('note: old', 'Why so:\nTables: property only; see docs.'):
+        path.write_text(
+            f'SELECT 1\n<dtml-comment>\n{prose}\n</dtml-comment>\n'
+        )
+        assert load_zsql_file(path).bind({})[0].text.strip() == 'SELECT 1'
 
 
 def test_an_indented_header_line_of_its_own_is_not_an_argument(

@@ -353,9 +353,10 @@ def _read_header(path, block, first_line):
 
 
 def _refuse_later_headers(path, source, first_line):
-    """Raise :class:`SQLFileError` for a header key in a
-    ``<dtml-comment>`` of the statement: it would be a comment, its
-    value silently dropped."""
+    """Raise :class:`SQLFileError` for a ``<dtml-comment>`` of the
+    statement that reads as a header, its every line a header key's: it
+    would be a comment, its values silently dropped. A comment of prose
+    that holds a line such as ``Tables: see below`` is a comment."""
     pos = 0
     while opened := _OPENS.search(source, pos):
         closed = _CLOSES.search(source, opened.end())
@@ -364,14 +365,19 @@ def _refuse_later_headers(path, source, first_line):
         pos = closed.end()
         block = source[opened.end() : closed.start()]
         start = first_line + source.count('\n', 0, opened.end())
-        for number, line in enumerate(block.splitlines(), start):
-            if key := _header_key(line):
-                raise SQLFileError(
-                    f'{path}:{number}: {key}: the header must come first '
-                    'in the file, after nothing but blank lines and SQL '
-                    'comments: a <dtml-comment> after the statement begins '
-                    'is not read'
-                )
+        lines = [
+            (number, line)
+            for number, line in enumerate(block.splitlines(), start)
+            if line.strip()
+        ]
+        keys = [_header_key(line) for _, line in lines]
+        if lines and all(keys):
+            raise SQLFileError(
+                f'{path}:{lines[0][0]}: {keys[0]}: the header must come '
+                'first in the file, after nothing but blank lines and SQL '
+                'comments: a <dtml-comment> after the statement begins is '
+                'not read'
+            )
 
 
 def load_zsql_file(path, **overrides):
