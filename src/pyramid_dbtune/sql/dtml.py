@@ -315,6 +315,8 @@ _HASH_COMMENT = re.compile(r'#[^\n]*')
 def _only_comments(part):
     """Whether a group's part is only ``--``, ``/* */`` or ``#``
     comments (its literals and comments blanked, no text is left)."""
+    if '--' not in part and '/*' not in part and '#' not in part:
+        return False  # most parts: not blanked (a microsecond a part)
     return not _HASH_COMMENT.sub('', analysis.blank(part)).strip()
 
 
