@@ -200,7 +200,7 @@ class Database:
         return rows.own()  # the cache's are every caller's
 
     def _read_method(self, statement, params, method, position, fill=False):
-        with _read_only(f'SQL method {method.name}()', _DECLARE):
+        with _read_only(lambda: f'SQL method {method.name}()', _DECLARE):
             return self.dbtune.router.read(
                 statement,
                 params,
@@ -226,7 +226,7 @@ class Database:
 
     def _read(self, sql, max_rows, tables, position, fill=False):
         with _read_only(
-            f'the ZSQL Method of {" ".join(sql.split())!r}', _MOVE
+            lambda: f'the ZSQL Method of {" ".join(sql.split())!r}', _MOVE
         ):
             return self.dbtune.router.read(
                 _text(sql),
@@ -353,14 +353,14 @@ _MOVE = (
 @contextlib.contextmanager
 def _read_only(what, advice):
     """The database's refusal of a write in a read, which runs read-only,
-    as :class:`~pyramid_dbtune.WriteInReadError`: ``what`` tried to
-    write, and the ``advice``."""
+    as :class:`~pyramid_dbtune.WriteInReadError`: ``what()`` tried to
+    write (told only then), and the ``advice``."""
     try:
         yield
     except DBAPIError as exc:
         if is_read_only_refusal(exc.orig):
             raise WriteInReadError(
-                f'{what} tried to change the database, but its statement '
+                f'{what()} tried to change the database, but its statement '
                 f'reads as a read, and reads run read-only: {advice}'
             ) from exc
         raise
