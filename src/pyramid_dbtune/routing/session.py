@@ -10,7 +10,6 @@ the writer. SQL methods that write run in this same session, so the two
 see each other's uncommitted writes.
 """
 
-import functools
 from time import perf_counter
 
 import sqlalchemy as sa
@@ -40,11 +39,6 @@ class RoutingSession(Session):
     def __init__(self, unit, **kw):
         super().__init__(**kw)
         unit.adopt(self)
-
-
-@functools.lru_cache(maxsize=1024)
-def _analyse(text):
-    return analysis.analyse(text)
 
 
 # On every session, so that an application's own ``request.dbsession``,
@@ -192,7 +186,7 @@ def _do_orm_execute(state):
     # told, are those that foreign keys may act on.
     updated = frozenset() if state.is_insert else None
     if isinstance(statement, TextClause):
-        writes, tables = _analyse(statement.text)
+        writes, tables = analysis.analyse(statement.text)  # memoized
         if not writes:
             return
         updated = foreign_reach(statement.text)
