@@ -865,6 +865,25 @@ def test_a_read_of_a_table_twice_over_is_not_pinned(sqlite_url, apps):
     assert call(app, read)['results'][0]['rows'] == [[1, 90], [2, 125]]
 
 
+def test_pipes_join_strings_but_on_mysql(postgresql_url, apps):
+    # PostgreSQL joins strings with ||: the read is pinned by its area,
+    # and a write of another area's row leaves it. On MySQL, || is OR.
+    from pyramid_dbtune import SQLMethod
+
+    sql = (
+        'SELECT id, rent FROM property WHERE area = :area '
+        "AND area <> 'x' || :s ORDER BY id"
+    )
+    assert SQLMethod('m', sql).pins_for('mysql') == ()
+    assert SQLMethod('m', sql).pins_for('postgresql') == (('area', 'area'),)
+    joined = {'name': 'joined', 'sql': sql, 'cache_time': 300}
+    app = apps(postgresql_url, [joined, SET_RENT])
+    read = ('joined', {'area': 'Headingley', 's': 'y'})
+    assert call(app, read)['results'][0]['rows'] == HEADINGLEY
+    call(app, ('set_rent', {'id': 3, 'rent': 81}))  # Hyde Park's
+    assert call(app, read)['cache']['hit'] == 1
+
+
 def test_a_write_of_two_tables_has_no_shape():
     from pyramid_dbtune import SQLMethod
 

@@ -213,7 +213,9 @@ class DBTune:
                     'write always invalidates the tables it changes'
                 )
             invalidated_by = method.tables if invalidate else frozenset()
-        pins = method.pins if invalidated_by == method.tables else ()
+        pins = ()
+        if invalidated_by == method.tables:
+            pins = method.pins_for(self.router.dialect)
         for column, _ in pins:
             (table,) = method.tables
             self.pinned.setdefault(table, set()).add(column)

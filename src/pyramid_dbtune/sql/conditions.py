@@ -163,9 +163,10 @@ _UNPINNED = frozenset(['join', 'between'])
 _EITHER = frozenset(['or', 'xor', '|'])
 
 
-def read_pins(sql, tables):
+def read_pins(sql, tables, pipes_or=True):
     """``((column, parameter), ...)`` that a read of the one table
-    ``tables`` holds requires, in order, or ``()``."""
+    ``tables`` holds requires, in order, or ``()``. ``pipes_or``: ``||``
+    is ``OR``, as MySQL reads it (others join strings with it)."""
     words = _words(sql)
     if words is None or len(tables) != 1:
         return ()
@@ -185,8 +186,9 @@ def read_pins(sql, tables):
     if 'case' in lower[slice(*where)]:  # its own ANDs, not the WHERE's
         return ()
     runs = _split(reader, *where, 'and')
+    either = _EITHER if pipes_or else _EITHER - {'|'}
     if any(
-        lower[i] in _EITHER and not reader.depth[i] for r in runs for i in r
+        lower[i] in either and not reader.depth[i] for r in runs for i in r
     ):
         return ()
     pins = (_equality(reader, run) for run in runs)

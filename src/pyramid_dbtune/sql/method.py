@@ -211,11 +211,10 @@ class SQLMethod:
         #: ``(column, parameter)`` pairs that pin this read of one table
         #: to the rows whose column holds the argument: only writes that
         #: touch such rows drop its cached rows (:mod:`.conditions`).
-        self.pins = (
-            self._pins(sql)
-            if told and invalidate and not self.writes and self.tables
-            else ()
+        self._pinned = bool(
+            told and invalidate and not self.writes and self.tables
         )
+        self.pins = self._pins(sql) if self._pinned else ()
         #: Which rows it holds (:mod:`.shapes`): a committed change is
         #: matched against them, and applied to them where it can be.
         self.shape = (
@@ -242,8 +241,16 @@ class SQLMethod:
         # method reads each text its template renders.
         return analysis.analyse(sql)
 
-    def _pins(self, sql):
-        return conditions.read_pins(sql, self.tables)
+    def pins_for(self, dialect):
+        """:attr:`pins` as the database of ``dialect`` (SQLAlchemy's name)
+        reads the text: :attr:`pins` take ``||`` for MySQL's ``OR``, which
+        the others read as joining strings."""
+        if dialect in ('mysql', 'mariadb') or '||' not in self.sql:
+            return self.pins
+        return self._pins(self.sql, pipes_or=False) if self._pinned else ()
+
+    def _pins(self, sql, pipes_or=True):
+        return conditions.read_pins(sql, self.tables, pipes_or)
 
     def _shape(self, sql):
         if self.list_params:

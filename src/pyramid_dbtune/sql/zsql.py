@@ -161,7 +161,7 @@ class ZSQLMethod(SQLMethod):
             glued = place(glued, render.expanding)
         return variants, glued
 
-    def _pins(self, sql):
+    def _pins(self, sql, pipes_or=True):
         return ()  # a template's texts: its rows are not told apart
 
     def _write_shape(self, sql):
