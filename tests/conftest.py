@@ -179,6 +179,18 @@ class Fail(Exception):
     """Raised by the test view after its calls, to abort the transaction."""
 
 
+def run_sql(url, *statements):
+    """Run ``statements`` on the database of ``url``, in one transaction
+    of a connection of their own."""
+    engine = sa.create_engine(url)
+    try:
+        with engine.begin() as connection:
+            for statement in statements:
+                connection.exec_driver_sql(statement)
+    finally:
+        engine.dispose()
+
+
 def call_view(request):
     """Run the SQL method calls in the JSON body, in one request.
 

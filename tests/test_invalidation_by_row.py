@@ -34,6 +34,7 @@ from conftest import (
     SET_RENT,
     Property,
     call,
+    run_sql,
     shared_settings,
 )
 
@@ -193,15 +194,11 @@ def test_a_value_the_database_rounds_drops_the_table(server_url, apps):
 def test_a_date_the_column_parses_otherwise_is_not_patched_in(
     postgresql_url, apps, since, written
 ):
-    engine = sa.create_engine(postgresql_url)
-    with engine.begin() as connection:
-        connection.exec_driver_sql(
-            'CREATE TABLE listing (id INTEGER PRIMARY KEY, day TIMESTAMP)'
-        )
-        connection.exec_driver_sql(
-            "INSERT INTO listing VALUES (1, '2026-01-01 11:00')"
-        )
-    engine.dispose()
+    run_sql(
+        postgresql_url,
+        'CREATE TABLE listing (id INTEGER PRIMARY KEY, day TIMESTAMP)',
+        "INSERT INTO listing VALUES (1, '2026-01-01 11:00')",
+    )
     since_ = {
         'name': 'since',
         'sql': 'SELECT id FROM listing WHERE day >= :since ORDER BY id',
@@ -462,21 +459,15 @@ def test_a_trigger_of_a_table_named_in_another_case_is_found(sqlite_url, apps):
     # SQLite's names are the same in any case: a trigger ON Item is one
     # of the table that the methods write as item.
     app = apps(sqlite_url, [BY_BAND, SET_QTY], tables=False)
-    engine = sa.create_engine(sqlite_url)
-    with engine.begin() as connection:
-        connection.exec_driver_sql(
-            'CREATE TABLE Item (id INTEGER PRIMARY KEY, qty INTEGER, '
-            'band INTEGER)'
-        )
-        connection.exec_driver_sql(
-            'CREATE TRIGGER item_band AFTER UPDATE ON Item FOR EACH ROW '
-            'BEGIN UPDATE Item SET band = NEW.qty / 10 + 1 '
-            'WHERE id = NEW.id; END'
-        )
-        connection.exec_driver_sql(
-            'INSERT INTO Item (id, qty, band) VALUES (1, 5, 1), (2, 15, 2)'
-        )
-    engine.dispose()
+    run_sql(
+        sqlite_url,
+        'CREATE TABLE Item (id INTEGER PRIMARY KEY, qty INTEGER, '
+        'band INTEGER)',
+        'CREATE TRIGGER item_band AFTER UPDATE ON Item FOR EACH ROW '
+        'BEGIN UPDATE Item SET band = NEW.qty / 10 + 1 '
+        'WHERE id = NEW.id; END',
+        'INSERT INTO Item (id, qty, band) VALUES (1, 5, 1), (2, 15, 2)',
+    )
     assert call(app, ('by_band', {'band': 2}))['results'][0]['rows'] == [[2]]
     call(app, ('set_qty', {'id': 1, 'qty': 12}))
     answer = call(app, ('by_band', {'band': 2}))
@@ -497,17 +488,12 @@ def test_a_column_mysql_stamps_on_update_drops_the_table(
         ':since ORDER BY id', 'cache_time': 20,
     }  # fmt: skip
     app = apps(mysql_url, [since, SET_QTY], tables=False)
-    engine = sa.create_engine(mysql_url)
-    with engine.begin() as connection:
-        connection.exec_driver_sql(
-            f'CREATE TABLE item (id INTEGER PRIMARY KEY, qty INTEGER, '
-            f'changed {stamp})'
-        )
-        connection.exec_driver_sql(
-            "INSERT INTO item VALUES (1, 5, '2020-01-01'), (2, 15, "
-            "'2020-01-01')"
-        )
-    engine.dispose()
+    run_sql(
+        mysql_url,
+        f'CREATE TABLE item (id INTEGER PRIMARY KEY, qty INTEGER, '
+        f'changed {stamp})',
+        "INSERT INTO item VALUES (1, 5, '2020-01-01'), (2, 15, '2020-01-01')",
+    )
     read = ('since', {'since': '2024-01-01T00:00:00'})
     assert call(app, read)['results'][0]['rows'] == []
     call(app, ('set_qty', {'id': 1, 'qty': 12}))
@@ -599,17 +585,12 @@ def test_an_enum_read_by_its_place_is_dropped_by_name(mysql_url, apps, how):
          'WHERE id = :id'},
     ]  # fmt: skip
     app = apps(mysql_url, methods, tables=False, views={'/ship': orm_ship})
-    engine = sa.create_engine(mysql_url)
-    with engine.begin() as connection:
-        connection.exec_driver_sql(
-            'CREATE TABLE orders (id INTEGER PRIMARY KEY, status ENUM('
-            "'pending', 'shipped') NOT NULL, tags SET('a', 'b'))"
-        )
-        connection.exec_driver_sql(
-            "INSERT INTO orders VALUES (1, 'pending', 'a'), "
-            "(2, 'shipped', 'b')"
-        )
-    engine.dispose()
+    run_sql(
+        mysql_url,
+        'CREATE TABLE orders (id INTEGER PRIMARY KEY, status ENUM('
+        "'pending', 'shipped') NOT NULL, tags SET('a', 'b'))",
+        "INSERT INTO orders VALUES (1, 'pending', 'a'), (2, 'shipped', 'b')",
+    )
     for status in (2, 'Shipped'):
         call(app, ('by_status', {'status': status}))
     if how == 'method':
@@ -635,13 +616,11 @@ def test_a_set_read_by_a_number_is_dropped_by_any_write(mysql_url, apps):
         {'name': 'tag', 'sql': 'UPDATE label SET tags = :tags WHERE id = :id'},
     ]  # fmt: skip
     app = apps(mysql_url, methods, tables=False)
-    engine = sa.create_engine(mysql_url)
-    with engine.begin() as connection:
-        connection.exec_driver_sql(
-            "CREATE TABLE label (id INTEGER PRIMARY KEY, tags SET('a', 'b'))"
-        )
-        connection.exec_driver_sql("INSERT INTO label VALUES (1, 'a')")
-    engine.dispose()
+    run_sql(
+        mysql_url,
+        "CREATE TABLE label (id INTEGER PRIMARY KEY, tags SET('a', 'b'))",
+        "INSERT INTO label VALUES (1, 'a')",
+    )
     assert call(app, ('tagged', {'tags': 2}))['results'][0]['rows'] == []
     call(app, ('tag', {'id': 1, 'tags': 'b'}))
     assert call(app, ('tagged', {'tags': 2}))['results'][0]['rows'] == [[1]]
@@ -764,10 +743,10 @@ def test_a_read_is_dropped_by_the_table_of_its_table_query(
     }
     ban = {'name': 'ban', 'sql': 'INSERT INTO banned (id) VALUES (:id)'}
     app = apps(postgresql_url, [read, ban])
-    engine = sa.create_engine(postgresql_url)
-    with engine.begin() as connection:
-        connection.exec_driver_sql('CREATE TABLE banned (id INTEGER)')
-    engine.dispose()
+    run_sql(
+        postgresql_url,
+        'CREATE TABLE banned (id INTEGER)',
+    )
     headingley = ('read', {'area': 'Headingley'})
     assert call(app, headingley)['results'][0]['rows'] == HEADINGLEY
     call(app, ('ban', {'id': 1}))
