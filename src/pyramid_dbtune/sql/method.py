@@ -208,20 +208,17 @@ class SQLMethod:
             and self.writes == found_writes
             and ANY_TABLE not in (self.tables or ())
         )
+        # A read whose rows its text may tell apart.
+        self._by_row = bool(
+            told and invalidate and not self.writes and self.tables
+        )
         #: ``(column, parameter)`` pairs that pin this read of one table
         #: to the rows whose column holds the argument: only writes that
         #: touch such rows drop its cached rows (:mod:`.conditions`).
-        self._pinned = bool(
-            told and invalidate and not self.writes and self.tables
-        )
-        self.pins = self._pins(sql) if self._pinned else ()
+        self.pins = self._pins(sql) if self._by_row else ()
         #: Which rows it holds (:mod:`.shapes`): a committed change is
         #: matched against them, and applied to them where it can be.
-        self.shape = (
-            self._shape(sql)
-            if told and invalidate and not self.writes and self.tables
-            else None
-        )
+        self.shape = self._shape(sql) if self._by_row else None
         #: How this write finds the rows it touches, or None.
         self.write_shape = (
             self._write_shape(sql)
@@ -247,7 +244,7 @@ class SQLMethod:
         the others read as joining strings."""
         if dialect in ('mysql', 'mariadb') or '||' not in self.sql:
             return self.pins
-        return self._pins(self.sql, pipes_or=False) if self._pinned else ()
+        return self._pins(self.sql, pipes_or=False) if self._by_row else ()
 
     def _pins(self, sql, pipes_or=True):
         return conditions.read_pins(sql, self.tables, pipes_or)
