@@ -100,6 +100,17 @@ def test_a_write_whose_rows_cannot_be_told_drops_the_table(app):
     assert dropped(app, ('shout', {'id': 3})) == [0, 1, 2, 3, 4, 5]
 
 
+def test_a_write_that_declares_its_tables_drops_every_read_of_them(
+    sqlite_url, apps
+):
+    # As docs/sqlmethods.rst tells a write through a view, a partition or
+    # a trigger to: the rows it touches in the tables named are not told.
+    declared = {**SET_RENT, 'name': 'declared', 'tables': ['property']}
+    app = apps(sqlite_url, [*METHODS, declared])
+    write = ('declared', {'id': 1, 'rent': 95})
+    assert dropped(app, write) == [0, 1, 2, 3, 4, 5]
+
+
 def test_the_rows_a_write_touches_are_found_in_its_transaction(app):
     log = []
     engine = app.app.registry.dbtune.router.writer
