@@ -96,6 +96,42 @@ def test_a_hit_in_process_after_one_fill(sqlite_url, memcached, apps):
     assert (cache.hits, cache.misses) == (2, 1)
 
 
+def test_a_hit_of_rows_verified_asks_for_their_generations_alone(
+    postgresql_url, memcached, apps
+):
+    # Rows this process has verified are not read again while no write
+    # bumps their generations: a hit asks memcached for those alone.
+    settings = shared_settings(memcached)
+    app = apps(postgresql_url, [SEARCH, SET_RENT], settings)
+    cache = app.app.registry.dbtune.cache
+    registered = app.app.registry.dbtune.methods['search']
+    params = {'area': 'Headingley'}
+    key = (registered.key, ('Headingley',), (str,))
+    keys = cache.hit_keys(key, registered.tags(params))
+    call(app, ('search', params))  # filled
+    call(app, ('search', params))  # a hit, and so verified
+    client = Client(('127.0.0.1', memcached.port))
+    before = client.stats()
+    answer = call(app, ('search', params))
+    after = client.stats()
+    assert rows_of(answer) == HEADINGLEY and answer['cache']['hit'] == 1
+    assert after[b'cmd_get'] - before[b'cmd_get'] == len(keys) - 1
+    assert after[b'get_hits'] - before[b'get_hits'] == len(keys) - 1
+    # A write in another process bumps them: the next read here is fresh.
+    in_another_process(
+        postgresql_url, settings, ('set_rent', {'id': 1, 'rent': 99})
+    )
+    answer = call(app, ('search', params))
+    assert rows_of(answer) == [[1, 99], [2, 120]]
+    assert answer['cache']['miss'] == 1
+    # Asked for the generations, then for the entry with them; the rows
+    # filled then are read whole once, then told by their generations.
+    for _ in range(2):
+        assert call(app, ('search', params))['cache']['hit'] == 1
+    assert client.stats()[b'cmd_get'] - after[b'cmd_get'] == 3 * len(keys) + 2
+    client.close()
+
+
 def test_memcached_killed_mid_load_then_back(sqlite_url, memcached, apps):
     app = apps(sqlite_url, [SEARCH], shared_settings(memcached))
     cache = app.app.registry.dbtune.cache
@@ -146,7 +182,6 @@ def test_a_forged_entry_is_rejected_and_never_decoded(
         'decode',
         lambda payload: decoded.append(payload) or decode(payload),
     )
-    cache._memo.clear()
     payload = genuine[32:].replace(b'90', b'1')
     for forged in (
         b'\0' * 32 + payload,  # a signature that does not match
@@ -154,6 +189,8 @@ def test_a_forged_entry_is_rejected_and_never_decoded(
         genuine[:32],  # nothing but a signature
         b'garbage',
     ):
+        # What another process reads: rows it has not verified.
+        cache.kept.clear()
         client.set(name, forged)
         answer = call(app, ('search', {'area': 'Headingley'}))
         assert rows_of(answer) == HEADINGLEY
@@ -471,7 +508,7 @@ def test_invalidate_all_and_after_fork(sqlite_url, memcached, apps):
     assert log.count('FROM property') == 2
     servers = cache.by_address
     cache.after_fork()
-    assert cache.by_address is not servers and cache._memo == {}
+    assert cache.by_address is not servers and len(cache.kept) == 0
     call(app, ('search', {'area': 'Headingley'}))
     assert log.count('FROM property') == 2
 
@@ -536,7 +573,7 @@ def test_the_memo_is_bounded(sqlite_url, memcached, apps):
     cache = app.app.registry.dbtune.cache
     for area in ('Headingley', 'Burley', 'Headingley', 'Burley'):
         call(app, ('search', {'area': area}))
-    assert len(cache._memo) == 1 and cache.hits == 2
+    assert len(cache.kept) == 1 and cache.hits == 2
 
 
 def test_in_process_waiters_get_stale_rows_or_the_fill_error(
@@ -715,9 +752,9 @@ def test_an_unknown_write_drops_the_process_copies(
     cache = app.app.registry.dbtune.cache
     for _ in range(2):
         call(app, ('lagging', {'area': 'Headingley'}))
-    assert len(cache._memo) == 1
+    assert len(cache.kept) == 1
     call(app, ('touch', {}))
-    assert len(cache._memo) == 0
+    assert len(cache.kept) == 0
     answer = call(app, ('lagging', {'area': 'Headingley'}))
     assert answer['cache']['miss'] == 1 and cache.near_hits == 0
 
@@ -754,7 +791,7 @@ def test_a_signed_entry_that_does_not_decode_is_a_miss(
     prefix = app.app.registry.dbtune.methods['search'].key
     name = cache.entry_key((prefix, ('Headingley',), (str,)))
     client = Client(('127.0.0.1', memcached.port), default_noreply=False)
-    cache._memo.clear()
+    cache.kept.clear()
     for _ in range(2):
         client.set(name, sign(SECRET.encode(), name, payload))
         # From the database, every time: 200, not a 500.

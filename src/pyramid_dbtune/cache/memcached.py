@@ -22,7 +22,6 @@ import logging
 import secrets
 import threading
 import time
-from collections import OrderedDict
 from concurrent.futures import Future
 
 from pymemcache.client.rendezvous import RendezvousHash
@@ -31,8 +30,9 @@ from ..deploy import forks
 from ..sql.analysis import ANY_TABLE
 from . import MAX_EXPIRY
 from .codec import SIGNATURE, Unencodable, decode, encode, opened, sign
-from .memory import HIT, MISS, STALE, WAITED, estimate_size, key_size
+from .memory import HIT, MISS, STALE, WAITED, key_size
 from .servers import EPOCH, FAILED, Server, ServerCalls
+from .verified import Kept
 
 log = logging.getLogger(__name__)
 
@@ -88,14 +88,12 @@ class MemcachedCache(ServerCalls):
         self.errors = self.rejected = self.unencodable = 0
         self.too_big = self.discarded = self.invalidations = 0
         self.near_hits = 0
+        self._kept_bounds = (
+            settings.cache_max_entries,
+            settings.cache_max_bytes,
+        )
         #: ``key[0]``: its values a read found dropped by a write
         self.dropped = {}
-        #: Entries kept decoded in this process once a read found them
-        #: signed and of the current generations (and served from it, for
-        #: reads that no write invalidates): at most this many, of at most
-        #: about this many bytes.
-        self.memo_size = settings.cache_max_entries
-        self.memo_bytes = settings.cache_max_bytes
         self._undecodable = False
         self.after_fork()
         forks.renew_after_fork(self)
@@ -116,11 +114,9 @@ class MemcachedCache(ServerCalls):
         self._counting = threading.Lock()
         self._mender = None
         self._inflight = {}
-        self._memo = OrderedDict()
-        self._memo_held = 0  # bytes
-        #: How many times the memo was emptied: a read that began before
-        #: does not put back what it found.
-        self._emptied = 0
+        #: The entries this process found signed and of the current
+        #: generations, kept decoded (:mod:`.verified`)
+        self.kept = Kept(*self._kept_bounds)
         self._missed = {}
         self._names = {}
         self._generation_keys = {}
@@ -149,7 +145,9 @@ class MemcachedCache(ServerCalls):
     def hit_keys(self, key, tables):
         """The memcached keys a read of ``key`` over ``tables`` (as
         :meth:`get_or_fill` is given them) asks for in its one round trip:
-        the entry's, then each table's generation's, then the epoch's."""
+        the entry's, then each table's generation's, then the epoch's. A
+        hit of rows this process has verified asks for all but the
+        first."""
         return [self.entry_key(key), *self._tables(tables)[1]]
 
     def _hash_key(self, key):
@@ -268,9 +266,9 @@ class MemcachedCache(ServerCalls):
         same one is the same value, or one whose rest was changed by
         somebody without the secret, and then it is these verified rows
         that are served, not that rest."""
-        memo = self._memo.get(name)
-        if memo is not None and memo[0] == value[:SIGNATURE]:
-            return memo[1]
+        known = self.kept.get(name)
+        if known.signature == value[:SIGNATURE]:
+            return known.entry
         payload = opened(self._secret, name, value)
         if payload is None:
             with self._counting:
@@ -299,44 +297,45 @@ class MemcachedCache(ServerCalls):
 
     def _remember(self, name, value, entry, emptied):
         """Keep ``entry``, decoded from ``value`` and found of the current
-        generations, unless the memo was emptied since the read began (an
-        unknown write): a read that no write invalidates is served it."""
-        known = self._memo.get(name)
-        if known is not None and known[1] is entry:
+        generations, unless an unknown write emptied the kept entries
+        since the read began: the next read asks only for its
+        generations, and a read that no write invalidates is served it."""
+        if self.kept.get(name).entry is entry:
             return  # a hit of what it holds: no lock taken
-        size = estimate_size((), entry[0])
-        if size > self.memo_bytes:
-            return
-        with self._lock:
-            if self._emptied == emptied:
-                known = self._memo.pop(name, None)
-                if known is not None:
-                    self._memo_held -= known[2]
-                self._memo[name] = (bytes(value[:SIGNATURE]), entry, size)
-                self._memo_held += size
-                while (
-                    len(self._memo) > self.memo_size
-                    or self._memo_held > self.memo_bytes
-                ):
-                    self._memo_held -= self._memo.popitem(last=False)[1][2]
+        answer = {
+            self._generation_key(table): str(generation).encode('ascii')
+            for table, generation in entry[1].items()
+        }
+        self.kept.keep(name, bytes(value[:SIGNATURE]), entry, answer, emptied)
 
     def get_or_fill(self, key, ttl, tables, fill, *args):
         name = self.entry_key(key)
-        if not tables:
-            # A read that no write invalidates (``invalidate=False``): the
-            # rows this process verified are good until their time runs
-            # out, wherever they are asked for, without a round trip.
-            near = self._memo.get(name)
-            if near is not None and time.time() < near[1][2]:
+        known = self.kept.get(name)
+        if time.time() < known.entry[2]:
+            if not tables:
+                # A read that no write invalidates (``invalidate=False``):
+                # the rows this process verified are good until their time
+                # runs out, wherever they are asked for, without a round
+                # trip.
                 with self._counting:
                     self.hits += 1
                     self.near_hits += 1
-                return near[1][0], HIT
+                return known.entry[0], HIT
+            # Rows this process verified: a hit while no write has bumped
+            # their generations since, which the generations alone tell
+            # (those of ``tables``: the same for every call of a key); the
+            # entry, the bulk of a hit's bytes, is not asked for again.
+            answer = known.answer
+            server = self._server(name)
+            if self._on(server, None, 'get_many', list(answer)) == answer:
+                with self._counting:
+                    self.hits += 1
+                return known.entry[0], HIT
+            self.kept.forget(name)  # the read below tells what is new
         tables, keys = self._tables(tables)
-        wanted = [name, *keys]
         server = self._server(name)
-        emptied = self._emptied
-        got = self._on(server, None, 'get_many', wanted)
+        emptied = self.kept.emptied
+        got = self._on(server, None, 'get_many', [name, *keys])
         if got is None:  # memcached failed: a miss, and nothing stored
             got, generations = {}, None
         else:
@@ -428,7 +427,7 @@ class MemcachedCache(ServerCalls):
         for pause in waits:
             time.sleep(pause)
             server = self._server(name)
-            emptied = self._emptied
+            emptied = self.kept.emptied
             got = self._on(server, {}, 'get_many', [name, lock])
             value = got.get(name)
             entry = self._entry(name, value) if value is not None else None
@@ -467,10 +466,7 @@ class MemcachedCache(ServerCalls):
         if tables is None:
             # Even the rows no write invalidates go with an unknown write
             # here (other processes keep theirs until their time runs out).
-            with self._lock:
-                self._memo.clear()
-                self._memo_held = 0
-                self._emptied += 1
+            self.kept.clear()
         now = time.monotonic()
         for address, server in self.by_address.items():
             if server.down_until > now:
