@@ -198,6 +198,26 @@ def test_a_zope_write_drops_the_reads_its_foreign_keys_change(
         dbtune.close()
 
 
+def test_a_zsql_read_is_told_by_its_own_databases_reading(sqlite_url):
+    # A backslash escapes a quote in MySQL alone: on SQLite this read's
+    # "FROM photo" is in a comment, and a write of photo drops nothing.
+    create_tables(sqlite_url)
+    dbtune = DBTune(parse({'dbtune.url': sqlite_url}))
+    database = Database(dbtune)
+    reads = "SELECT rent FROM property WHERE area <> 'a\\' -- ' FROM photo"
+    try:
+        database.query('CREATE TABLE photo (id INTEGER)')
+        transaction.commit()
+        assert database.cached_query(reads, 0, 60, 'rents')[1][0] == [90]
+        database.query('INSERT INTO photo VALUES (10)')
+        transaction.commit()
+        assert database.cached_query(reads, 0, 60, 'rents')[1][0] == [90]
+        assert (dbtune.cache.hits, dbtune.cache.misses) == (1, 1)
+    finally:
+        transaction.abort()
+        dbtune.close()
+
+
 GET = 'SELECT rent FROM property WHERE id = :id'
 SET = 'UPDATE property SET rent = :rent WHERE id = :id'
 

@@ -85,6 +85,18 @@ _TOKEN = re.compile(
 
 #: The readings a statement's tables are told by, joined.
 _READINGS = (_LITERAL_STANDARD, _LITERAL_BACKSLASH, *READINGS.values())
+#: Those that apply to a database, by SQLAlchemy's name for it: a text of
+#: another, or of a database not known, is read every way.
+_DIALECT_READINGS = {
+    'postgresql': (
+        _LITERAL_STANDARD,
+        _LITERAL_BACKSLASH,  # without standard_conforming_strings
+        READINGS['PostgreSQL or SQLite'],
+    ),
+    'sqlite': (_LITERAL_STANDARD, READINGS['PostgreSQL or SQLite']),
+    'mysql': (READINGS['MySQL'], READINGS['MySQL with NO_BACKSLASH_ESCAPES']),
+}
+_DIALECT_READINGS['mariadb'] = _DIALECT_READINGS['mysql']
 _BLANKED = {'literal': "''", 'comment': ' '}
 
 
@@ -363,8 +375,10 @@ def _analyse(words):
 
 
 @functools.lru_cache(maxsize=1024)
-def analyse(sql):
-    """Tell whether ``sql`` writes, and which tables it reads or writes.
+def analyse(sql, dialect=None):
+    """Tell whether ``sql`` writes, and which tables it reads or writes,
+    as the database of ``dialect`` (SQLAlchemy's name for it) reads it;
+    without one, as any database may.
 
     Returns ``(writes, tables)``. For a read, ``tables`` is a frozenset of
     the tables it reads, holding :data:`ANY_TABLE` when they cannot be told.
@@ -374,17 +388,17 @@ def analyse(sql):
     write of no table: it must run in the writing transaction, and it
     changes nothing.
     """
-    return analyse_any([sql])
+    return analyse_any([sql], dialect)
 
 
-def analyse_any(statements):
+def analyse_any(statements, dialect=None):
     """:func:`analyse` for a method that runs any one of ``statements``:
     a write if one of them writes, and every table they name."""
     # Most texts read alike everywhere: each distinct reading once.
     readings = {
         tuple(tokens(sql, literal))
         for sql in statements
-        for literal in _READINGS
+        for literal in _DIALECT_READINGS.get(dialect, _READINGS)
     }
     found = [_analyse(list(words)) for words in readings]
     writes = any(w for w, _ in found)

@@ -136,7 +136,7 @@ class Database:
         if len(statements) != 1 or self._work(make=False) is not None:
             return self.query(query_string, max_rows)
         (sql,) = statements
-        writes, tables = analyse(sql)
+        writes, tables = analyse(sql, self.dbtune.router.dialect)
         settings, override = self.dbtune.settings, self.dbtune.override
         time = override(settings.cache_times, name)
         cache_time = cache_time if time is None else time
@@ -211,7 +211,7 @@ class Database:
             )
 
     def _run(self, sql, max_rows):
-        writes, tables = analyse(sql)
+        writes, tables = analyse(sql, self.dbtune.router.dialect)
         work = self._work(make=writes)
         if work is None:
             position = pin(self.dbtune.router)
