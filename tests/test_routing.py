@@ -386,6 +386,20 @@ def test_the_first_read_after_the_database_restarted_is_answered(
     assert any(m.startswith('a read lost its connection') for m in said)
 
 
+def test_the_first_write_after_the_database_restarted_is_made(
+    own_postgresql, apps
+):
+    # The writer's pooled connection died with the server: the write's
+    # transaction takes another before it begins, and the write is made.
+    rents = {'name': 'rents', 'sql': 'SELECT rent FROM property WHERE id = 1'}
+    app = apps(own_postgresql.url, [rents, SET_RENT])
+    call(app, ('set_rent', {'id': 1, 'rent': 91}))  # pools a writer's
+    own_postgresql.stop()  # a fast shutdown: every connection is cut
+    own_postgresql.start()
+    call(app, ('set_rent', {'id': 1, 'rent': 92}))
+    assert call(app, ('rents', {}))['results'][0]['rows'] == [[92]]
+
+
 def test_a_statement_error_on_a_reader_is_not_a_failover(sqlite_url, apps):
     bad = {'name': 'bad', 'sql': 'SELECT * FROM no_such_table'}
     app = apps(sqlite_url, [bad])

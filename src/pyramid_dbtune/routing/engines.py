@@ -77,7 +77,12 @@ class Router:
     def __init__(self, settings):
         self.settings = settings
         timeouts = (settings.connect_timeout, settings.statement_timeout)
-        self.writer = make_engine(settings.url, *timeouts)
+        # A connection the writer's pool kept may have died with the
+        # server (a restart): it is tried as it is taken, and replaced, so
+        # that the first write after a restart is made, not a 500. A
+        # round trip for each write transaction; a read whose connection
+        # was lost runs again instead, which costs the hit path nothing.
+        self.writer = make_engine(settings.url, *timeouts, pool_pre_ping=True)
         # Cache keys name the database read, never its password; replicas
         # hold the writer's data, so the writer names them all.
         self.key = make_url(settings.url).render_as_string(hide_password=True)
