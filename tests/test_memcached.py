@@ -24,6 +24,8 @@ from pyramid_dbtune.cache import memcached as memcached_module
 from pyramid_dbtune.cache import servers
 from pyramid_dbtune.cache.codec import sign
 from pyramid_dbtune.cache.memcached import decode, encode
+from pyramid_dbtune.cache.memory import estimate_size
+from pyramid_dbtune.cache.verified import Kept
 
 from conftest import (
     HEADINGLEY,
@@ -132,6 +134,16 @@ def test_a_hit_of_rows_verified_asks_for_their_generations_alone(
     client.close()
 
 
+def test_what_a_kept_entry_is_told_by_counts_in_max_bytes():
+    # Its rows, and the generations' keys and values a hit compares.
+    rows = one_row('x')
+    entry, answer = (rows, {'t': 1}, 9e99), {'dbtune:1:g:' + 'a' * 24: b'1'}
+    for room, kept_entries in ((0, 0), (1000, 1)):
+        kept = Kept(10, estimate_size((), rows) + room)
+        kept.keep('e', b'signature', entry, answer, kept.emptied)
+        assert len(kept) == kept_entries
+
+
 def test_memcached_killed_mid_load_then_back(sqlite_url, memcached, apps):
     app = apps(sqlite_url, [SEARCH], shared_settings(memcached))
     cache = app.app.registry.dbtune.cache
@@ -188,13 +200,14 @@ def test_a_forged_entry_is_rejected_and_never_decoded(
         genuine[:-5],  # truncated
         genuine[:32],  # nothing but a signature
         b'garbage',
+        b'',
     ):
         # What another process reads: rows it has not verified.
         cache.kept.clear()
         client.set(name, forged)
         answer = call(app, ('search', {'area': 'Headingley'}))
         assert rows_of(answer) == HEADINGLEY
-    assert cache.rejected == 4
+    assert cache.rejected == 5
     assert decoded == [] or all(d != payload for d in decoded)
     client.close()
 

@@ -24,7 +24,7 @@ class Verified:
 
 #: What :meth:`Kept.get` gives for a name it does not hold: rows long
 #: expired.
-NOT_KEPT = Verified(b'', (None, None, 0.0), 0, {})
+NOT_KEPT = Verified(None, (None, None, 0.0), 0, {})
 
 
 class Kept:
@@ -54,7 +54,7 @@ class Kept:
         """Keep ``entry`` for ``name``, unless it was emptied since its
         read began (``emptied``, :attr:`emptied` then) or the rows alone
         are over ``max_bytes``."""
-        size = estimate_size((), entry[0])
+        size = estimate_size(tuple(answer.items()), entry[0])
         if size > self.max_bytes:
             return
         verified = Verified(signature, entry, size, answer)
