@@ -327,11 +327,13 @@ class MemcachedCache(ServerCalls):
             # entry, the bulk of a hit's bytes, is not asked for again.
             answer = known.answer
             server = self._server(name)
-            if self._on(server, None, 'get_many', list(answer)) == answer:
+            got = self._on(server, None, 'get_many', list(answer))
+            if got == answer:
                 with self._counting:
                     self.hits += 1
                 return known.entry[0], HIT
-            self.kept.forget(name)  # the read below tells what is new
+            if got is None:  # memcached failed: a miss, and nothing stored
+                return self._fill(name, ttl, None, None, fill, args)
         tables, keys = self._tables(tables)
         server = self._server(name)
         emptied = self.kept.emptied
@@ -351,10 +353,15 @@ class MemcachedCache(ServerCalls):
                     self.hits += 1
                 return rows, HIT
             stale = rows
-        elif entry is not None and generations is not None:
-            # Found dropped by a write (counted where it is found).
-            with self._counting:
-                self.dropped[key[0]] = self.dropped.get(key[0], 0) + 1
+        else:
+            # What this process kept, if anything, is not what memcached
+            # holds now: the next read asks for the entry with its
+            # generations at once.
+            self.kept.forget(name)
+            if entry is not None and generations is not None:
+                # Found dropped by a write (counted where it is found).
+                with self._counting:
+                    self.dropped[key[0]] = self.dropped.get(key[0], 0) + 1
         return self._fill(name, ttl, generations, stale, fill, args)
 
     # Filling
