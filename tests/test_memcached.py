@@ -169,6 +169,32 @@ def test_a_read_after_a_write_does_not_decode_the_rows_it_drops(
     assert cache.dropped == {app.app.registry.dbtune.methods['search'].key: 1}
 
 
+def test_a_generation_memcached_padded_is_started_again(
+    sqlite_url, memcached, apps
+):
+    # memcached pads a counter that a foreign write made shorter with
+    # spaces: read as a number, it would never be the same bytes as what
+    # a hit compares it with. It is started again instead.
+    cache = shared_cache(sqlite_url, memcached, apps)
+    key, tables = ('k', (4,), (int,)), frozenset(['t'])
+
+    def read():
+        return cache.get_or_fill(key, 60, tables, lambda: one_row(4))[1]
+
+    assert [read(), read()] == ['miss', 'hit']
+    client = Client(('127.0.0.1', memcached.port), default_noreply=False)
+    generation = cache.hit_keys(key, tables)[1]
+    client.set(generation, b'1000')
+    client.set(generation, b'999 ')  # as incr leaves 1000 - 1, say
+    assert read() == 'miss' and cache.rejected == 1
+    assert [read(), read()] == ['miss', 'hit']
+    before = client.stats()[b'cmd_get']
+    assert read() == 'hit'
+    after = client.stats()[b'cmd_get']
+    assert after - before == len(cache.hit_keys(key, tables)) - 1
+    client.close()
+
+
 def test_memcached_killed_mid_load_then_back(sqlite_url, memcached, apps):
     app = apps(sqlite_url, [SEARCH], shared_settings(memcached))
     cache = app.app.registry.dbtune.cache

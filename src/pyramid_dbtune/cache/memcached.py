@@ -238,6 +238,11 @@ class MemcachedCache(ServerCalls):
                     return None
             try:
                 generations[table] = int(raw)
+                if raw != b'%d' % generations[table]:
+                    # Not as this package writes it (padded by memcached
+                    # after a foreign write made it shorter, say): a kept
+                    # entry's answer would never match it.
+                    raise ValueError(raw)
             except ValueError:
                 # Not a counter (written by something else): nothing over
                 # the table can be told fresh until it starts again, at
