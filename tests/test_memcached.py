@@ -195,6 +195,38 @@ def test_a_generation_memcached_padded_is_started_again(
     client.close()
 
 
+def test_a_read_between_an_unknown_writes_steps_keeps_nothing(
+    sqlite_url, memcached, apps
+):
+    # A read of rows no write invalidates runs while an unknown write
+    # empties this process's copies and bumps the epoch: whichever it
+    # meets first, nothing it found is served after the write returns.
+    lagging = {**SEARCH, 'name': 'lagging', 'invalidate': False}
+    ddl = {'name': 'touch', 'sql': 'CREATE TABLE other (x INTEGER)'}
+    app = apps(sqlite_url, [lagging, ddl], shared_settings(memcached))
+    cache = app.app.registry.dbtune.cache
+    params = {'area': 'Headingley'}
+    call(app, ('lagging', params))  # filled
+    clear = cache.kept.clear
+
+    def read_while_clearing():
+        clear()
+        # In another request's thread, as the write's invalidation runs.
+        reading = threading.Thread(
+            target=call, args=(app, ('lagging', params))
+        )
+        reading.start()
+        reading.join(10)
+
+    cache.kept.clear = read_while_clearing
+    call(app, ('touch', {}))
+    cache.kept.clear = clear
+    assert len(cache.kept) == 0
+    # What the read in between found is not served from here.
+    call(app, ('lagging', params))
+    assert cache.near_hits == 0
+
+
 def test_memcached_killed_mid_load_then_back(sqlite_url, memcached, apps):
     app = apps(sqlite_url, [SEARCH], shared_settings(memcached))
     cache = app.app.registry.dbtune.cache

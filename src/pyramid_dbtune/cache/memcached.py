@@ -475,10 +475,6 @@ class MemcachedCache(ServerCalls):
         in-process cache alone: a process does not know which changes an
         entry it did not fill holds."""
         names = [EPOCH] if tables is None else [*tables, ANY_TABLE]
-        if tables is None:
-            # Even the rows no write invalidates go with an unknown write
-            # here (other processes keep theirs until their time runs out).
-            self.kept.clear()
         now = time.monotonic()
         for address, server in self.by_address.items():
             if server.down_until > now:
@@ -494,5 +490,11 @@ class MemcachedCache(ServerCalls):
                     break
                 # None: never set (or evicted), so no entry holds it; the
                 # next read starts it at a number of its own.
+        if tables is None:
+            # Even the rows no write invalidates go with an unknown write
+            # here (other processes keep theirs until their time runs
+            # out). After the bumps: a read that found the old epoch
+            # keeps nothing past this.
+            self.kept.clear()
         with self._counting:
             self.invalidations += 1
