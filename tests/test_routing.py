@@ -1280,6 +1280,30 @@ def test_the_reader_connection_is_let_go_at_the_first_write(postgresql_url):
     app.app.registry.dbtune.router.dispose()
 
 
+def test_a_savepoint_that_reads_then_writes_commits(db_url):
+    # Get or create, in a savepoint: its read is on the reader, its
+    # insert takes the writer; the savepoint then commits on the writer.
+    def view(request):
+        session = request.dbsession
+        with session.begin_nested():
+            found = session.scalar(
+                sa.select(Property).where(Property.area == 'Kirkstall')
+            )
+            if found is None:
+                session.add(Property(id=9, area='Kirkstall', rent=1))
+        return [p.id for p in session.scalars(sa.select(Property))]
+
+    app = session_app(db_url, view)
+    assert app.get('/view').json[-1] == 9
+    assert app.app.registry.dbtune.router.write_slots.acquire(blocking=False)
+    with app.app.registry.dbtune.router.writer.connect() as connection:
+        area = connection.exec_driver_sql(
+            'SELECT area FROM property WHERE id = 9'
+        )
+        assert area.scalar() == 'Kirkstall'
+    app.app.registry.dbtune.router.dispose()
+
+
 def call_rents_orm(app):
     request = prepare(registry=app.app.registry)['request']
     try:

@@ -288,18 +288,26 @@ class UnitOfWork:
         # reader connection is rolled back and returned now, so that it is
         # neither held nor committed with the writer's transaction.
         # SQLAlchemy has no public way to drop one bind of a session's
-        # transaction, hence its private table of connections.
-        if self._session is None:
+        # transaction, hence its private table of connections, which each
+        # savepoint (begin_nested) under way has one of: the innermost's
+        # first, its savepoint rolled back, the root's transaction last.
+        session = self._session
+        if session is None:
             return
-        txn = self._session.get_transaction()
-        connections = getattr(txn, '_connections', None) or {}
-        for reader in self.router.readers:
-            entry = connections.pop(reader.engine, None)
-            if entry is not None:
-                connection, reading = entry[0], entry[1]
-                connections.pop(connection, None)
-                reading.rollback()
-                connection.close()
+        txn = session.get_nested_transaction() or session.get_transaction()
+        held = {}
+        while txn is not None:
+            connections = getattr(txn, '_connections', None) or {}
+            for reader in self.router.readers:
+                entry = connections.pop(reader.engine, None)
+                if entry is not None:
+                    connection, reading = entry[0], entry[1]
+                    connections.pop(connection, None)
+                    reading.rollback()
+                    held[id(connection)] = connection
+            txn = txn.parent
+        for connection in held.values():
+            connection.close()
 
     def execute(self, method, statement, params):
         """Run a SQL method's statement in the transaction's session."""
