@@ -12,7 +12,12 @@ import threading
 
 import pytest
 import sqlalchemy as sa
-from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
+from sqlalchemy.orm import (
+    DeclarativeBase,
+    Mapped,
+    mapped_column,
+    relationship,
+)
 
 from pyramid_dbtune.cache.changes import tags_of
 from pyramid_dbtune.routing.touched import ROWS_TOLD
@@ -1137,6 +1142,221 @@ def test_orm_rows_stored_with_a_value_that_is_no_tag_drop_the_table(
 
     app = apps(sqlite_url, METHODS, views={'/orm': view})
     assert orm_dropped(app, {}) == [0, 1, 2, 3, 4, 5]
+
+
+class Family(DeclarativeBase):
+    pass
+
+
+tagged = sa.Table(
+    'tagged',
+    Family.metadata,
+    sa.Column('parent_id', sa.ForeignKey('parent.id'), primary_key=True),
+    sa.Column('tag_id', sa.ForeignKey('tag.id'), primary_key=True),
+)
+
+
+class Parent(Family):
+    __tablename__ = 'parent'
+    id: Mapped[int] = mapped_column(primary_key=True)
+    # No delete cascade: the ORM sets its children's parent_id to NULL.
+    children: Mapped[list['Child']] = relationship()
+    lines: Mapped[list['Line']] = relationship(cascade='all, delete-orphan')
+    tags: Mapped[list['Tag']] = relationship(secondary=tagged)
+    seen: Mapped[list['Child']] = relationship(viewonly=True)  # writes none
+
+
+class Child(Family):
+    __tablename__ = 'child'
+    id: Mapped[int] = mapped_column(primary_key=True)
+    parent_id: Mapped[int | None] = mapped_column(sa.ForeignKey('parent.id'))
+    name: Mapped[str | None] = mapped_column(sa.String(20))
+    parent: Mapped[Parent | None] = relationship(overlaps='children')
+
+
+class Line(Family):
+    __tablename__ = 'line'
+    id: Mapped[int] = mapped_column(primary_key=True)
+    parent_id: Mapped[int] = mapped_column(sa.ForeignKey('parent.id'))
+
+
+class Tag(Family):
+    __tablename__ = 'tag'
+    id: Mapped[int] = mapped_column(primary_key=True)
+
+
+#: Cached reads of the rows that refer to a parent, by its id.
+OF_PARENT = [
+    {
+        'name': name,
+        'sql': f'SELECT {column} FROM {table} WHERE parent_id = :p '
+        f'ORDER BY {column}',
+        'cache_time': 20,
+    }
+    for name, column, table in [
+        ('kids', 'id', 'child'),
+        ('lines', 'id', 'line'),
+        ('tags', 'tag_id', 'tagged'),
+    ]
+]
+
+
+def move(session):
+    session.get(Child, 1).parent = session.get(Parent, 2)
+
+
+def remove(session):
+    parent = session.get(Parent, 1)  # a collection holds it weakly
+    parent.children.remove(session.get(Child, 1))
+
+
+def orphan(session):
+    parent = session.get(Parent, 1)
+    del parent.lines[0]
+
+
+def tag(session):
+    parent = session.get(Parent, 1)
+    parent.tags.append(session.get(Tag, 2))
+
+
+def delete(session):
+    session.delete(session.get(Parent, 1))
+
+
+@pytest.mark.parametrize(
+    'write, reads',
+    [
+        # A child moved by its relationship: its parent_id is set as the
+        # flush runs.
+        pytest.param(
+            move, {('kids', 2): [[1]], ('kids', 1): [[2]]}, id='move'
+        ),
+        # Rows of other tables than the objects': a child taken out of a
+        # collection (set to NULL), an orphan deleted, a row of a
+        # secondary table; a parent deleted sets its children to NULL
+        # and deletes its secondary rows.
+        pytest.param(remove, {('kids', 1): [[2]]}, id='remove'),
+        pytest.param(orphan, {('lines', 1): [[2]]}, id='orphan'),
+        pytest.param(tag, {('tags', 1): [[1], [2]]}, id='tag'),
+        pytest.param(
+            delete,
+            {('kids', 1): [], ('lines', 1): [], ('tags', 1): []},
+            id='delete',
+        ),
+    ],
+)
+def test_rows_an_orm_relationship_writes_are_dropped(
+    db_url, apps, write, reads
+):
+    app = family_app(db_url, apps, write)
+    calls = [(name, {'p': p}) for name, p in reads]
+    call(app, *calls)
+    assert call(app, *calls)['cache']['hit'] == len(calls)
+    app.post('/orm')
+    answer = call(app, *calls)
+    assert [r['rows'] for r in answer['results']] == list(reads.values())
+
+
+def test_a_child_written_by_its_columns_keeps_other_parents_reads(
+    db_url, apps
+):
+    # Its relationship unchanged, its rows are told by their columns.
+    def rename(session):
+        session.get(Child, 1).name = 'one'
+
+    app = family_app(db_url, apps, rename)
+    kids = [('kids', {'p': 1}), ('kids', {'p': 2})]
+    call(app, *kids)
+    app.post('/orm')
+    assert [call(app, k)['cache']['hit'] for k in kids] == [0, 1]
+
+
+def family_app(url, apps, write):
+    """An app over parents 1 and 2, parent 1's children, lines and tag 1;
+    ``write(session)`` at ``/orm``."""
+
+    def view(request):
+        write(request.dbsession)
+        return 'ok'
+
+    engine = sa.create_engine(url)
+    Family.metadata.create_all(engine)
+    with engine.begin() as connection:
+        for model, ids in [(Parent, [1, 2]), (Tag, [1, 2])]:
+            connection.execute(sa.insert(model), [{'id': i} for i in ids])
+        for model in (Child, Line):
+            connection.execute(
+                sa.insert(model), [{'id': i, 'parent_id': 1} for i in (1, 2)]
+            )
+        connection.execute(sa.insert(tagged), [{'parent_id': 1, 'tag_id': 1}])
+    engine.dispose()
+    return apps(url, OF_PARENT, tables=False, views={'/orm': view})
+
+
+class Rekeyed(DeclarativeBase):
+    pass
+
+
+class Holder(Rekeyed):
+    """A parent that has the ORM update its children's keys."""
+
+    __tablename__ = 'parent'
+    id: Mapped[int] = mapped_column(primary_key=True)
+    children: Mapped[list['Held']] = relationship(passive_updates=False)
+
+
+class Held(Rekeyed):
+    __tablename__ = 'child'
+    id: Mapped[int] = mapped_column(primary_key=True)
+    parent_id: Mapped[int | None] = mapped_column(sa.ForeignKey('parent.id'))
+
+
+class Referred(Rekeyed):
+    """The same parent, with no relationship of its own."""
+
+    __table__ = Holder.__table__
+
+
+class Referring(Rekeyed):
+    """The same child, that has the ORM update its key to its parent."""
+
+    __table__ = Held.__table__
+    parent: Mapped[Referred] = relationship(
+        passive_updates=False, overlaps='children'
+    )
+
+
+@pytest.mark.parametrize('by', ['parent', 'child'])
+def test_rows_the_orm_updates_as_their_parents_key_changes_are_dropped(
+    db_url, apps, by
+):
+    # passive_updates=False: no foreign key that updates them, the ORM
+    # does, by the parent's one-to-many or by its children's many-to-one.
+    def view(request):
+        session = request.dbsession
+        if by == 'parent':
+            session.get(Holder, 1).id = 3
+        else:
+            children = [session.get(Referring, i) for i in (1, 2)]
+            session.get(Referred, 1).id = 3
+            session.flush()  # while they are loaded, to be found
+            assert children[0].parent_id == 3
+        return 'ok'
+
+    run_sql(
+        db_url,
+        'CREATE TABLE parent (id INTEGER PRIMARY KEY)',
+        'CREATE TABLE child (id INTEGER PRIMARY KEY, parent_id INTEGER)',
+        'INSERT INTO parent VALUES (1)',
+        'INSERT INTO child VALUES (1, 1), (2, 1)',
+    )
+    app = apps(db_url, OF_PARENT[:1], tables=False, views={'/orm': view})
+    kids = [('kids', {'p': 1}), ('kids', {'p': 3})]
+    call(app, *kids)
+    app.post('/orm')
+    answer = call(app, *kids)
+    assert [r['rows'] for r in answer['results']] == [[], [[1], [2]]]
 
 
 def test_a_calls_tags_are_remembered_and_bounded(sqlite_url, apps):

@@ -17,7 +17,7 @@ from pyramid.decorator import reify
 from pyramid.exceptions import ConfigurationError
 from pyramid.interfaces import IRequestExtensions
 from sqlalchemy import event
-from sqlalchemy.orm import Session
+from sqlalchemy.orm import MANYTOONE, Session
 from sqlalchemy.sql.elements import TextClause
 
 from ..sql import analysis
@@ -52,20 +52,31 @@ def _before_flush(session, flush_context, instances):
     # An attribute set to the value it had is in session.dirty, but its
     # flush sends nothing: no write slot for it, and no pin.
     changed = [o for o in session.dirty if session.is_modified(o)]
+    deleted = set(map(id, session.deleted))
+    flushed = [
+        (sa.inspect(obj), id(obj) in deleted)
+        for obj in (*session.new, *changed, *session.deleted)
+    ]
     pinned = unit.request.registry.dbtune.pinned
     touched = {}  # table name: the tags of the rows, None if untold
     stored = {}  # table: the states of its rows in the database
     deleting = set()  # the tables of those that go
-    deleted = set(map(id, session.deleted))
-    for obj in (*session.new, *changed, *session.deleted):
-        state = sa.inspect(obj)
+    related = {}  # tables whose rows relationships write, untold
+    keyed = {}  # state: its own columns a many-to-one sets
+    for state, going in flushed:
+        keyed[state], tables = _related(state, going)
+        for table in tables:
+            related[table.name.lower()] = table
+    for name in related:
+        touched[name] = None
+    for state, going in flushed:
         for table in state.mapper.tables:
             name = table.name.lower()
             if touched.get(name, ()) is not None:
                 columns = pinned.get(name, ())
                 schema = unit.router.schema
                 enums = schema.enums(session, name) if columns else {}
-                tags = _tags(state, table, columns, enums)
+                tags = _tags(state, table, columns, enums, keyed[state])
                 if columns and tags is not None:
                     # What the database sets itself is not what is given.
                     itself = schema.sets_itself(session, name)
@@ -76,27 +87,28 @@ def _before_flush(session, flush_context, instances):
                 )
                 if name in pinned and not state.pending:
                     stored.setdefault(table, []).append(state)
-                    if id(obj) in deleted:
+                    if going:
                         deleting.add(table)
     for name, tags in touched.items():
         unit.begin_write({name}, _WHAT, tags)
         if tags is None:
             unit.count_untold(f'ORM {name}', name in pinned)
     # What the database changes in turn, by foreign keys' actions.
-    for obj in (*session.new, *changed, *session.deleted):
-        state = sa.inspect(obj)
+    for state, going in flushed:
         tables = {table.name.lower() for table in state.mapper.tables}
         updated = None  # deleted
         if state.pending:  # inserted: changes no row already there
             updated = frozenset()
-        elif id(obj) not in deleted:
+        elif not going:
             updated = {
                 column.name.lower()
                 for prop in state.mapper.column_attrs
                 if state.attrs[prop.key].history.has_changes()
                 for column in prop.columns
-            }
+            } | {column.name.lower() for column in keyed[state]}
         unit.cascade(session, tables, updated)
+    if related:  # rows set to NULL, deleted or inserted: as deletes
+        unit.cascade(session, set(related), None)
     for table, states in stored.items():
         name = table.name.lower()
         if touched[name] is not None:
@@ -109,6 +121,71 @@ def _before_flush(session, flush_context, instances):
                 unit.count_untold(f'ORM {name}', True)
     if touched:
         session.info['dbtune_flush'] = perf_counter()
+
+
+def _related(state, deleting):
+    """What the flush of ``state`` writes by relationships, which the
+    history of its columns does not tell: its own foreign key columns
+    that a many-to-one sets (to a key known only as the flush runs), and
+    the tables whose rows a one-to-many or many-to-many writes (the rows
+    that refer to it, set or set to NULL, orphans deleted; its secondary
+    table's). ``deleting``: ``state`` is deleted."""
+    keyed, tables = set(), set()
+    for rel in state.mapper.relationships:
+        if rel.viewonly:
+            continue
+        changed = state.attrs[rel.key].history.has_changes()
+        if rel.direction is MANYTOONE:
+            if changed and not deleting:
+                keyed.update(rel.local_columns)
+        elif changed or (
+            # Its secondary rows go with it; the rows that refer to it
+            # are set to NULL, unless they go with it (then they are in
+            # session.deleted) or are left to the database.
+            deleting
+            and (
+                rel.secondary is not None
+                or not (rel.cascade.delete or rel.passive_deletes == 'all')
+            )
+        ):
+            tables.update(_written(rel))
+    if not (deleting or state.pending) and _rekeyed(state):
+        tables.update(_rekeying(state.mapper))
+    return keyed, tables
+
+
+def _rekeyed(state):
+    """Whether the flush of ``state`` changes its primary key."""
+    mapper = state.mapper
+    return any(
+        state.attrs[mapper.get_property_by_column(c).key].history.has_changes()
+        for c in mapper.primary_key
+    )
+
+
+def _rekeying(mapper):
+    """The tables whose rows the ORM itself updates as a row of
+    ``mapper`` changes its primary key: by the relationships, from it or
+    to it, that do not leave it to the database (``passive_updates``)."""
+    return {
+        table
+        for other in mapper.registry.mappers
+        for rel in other.relationships
+        if not (rel.viewonly or rel.passive_updates)
+        and mapper.isa(rel.mapper if rel.direction is MANYTOONE else other)
+        for table in _written(rel)
+    }
+
+
+def _written(rel):
+    """The tables whose rows the ORM writes for relationship ``rel``: its
+    secondary table, else that of the foreign key columns it sets."""
+    if rel.secondary is not None:
+        return {rel.secondary}
+    columns = (
+        rel.local_columns if rel.direction is MANYTOONE else rel.remote_side
+    )
+    return {column.table for column in columns}
 
 
 def _stored(session, table, states, columns, updating):
@@ -139,17 +216,21 @@ def _stored(session, table, states, columns, updating):
     return None if None in tags else tags
 
 
-def _tags(state, table, columns, enums):
+def _tags(state, table, columns, enums, keyed):
     """The tags of the rows the flush of ``state`` touches in ``table``,
     as they were and as they will be, by the ``columns`` that reads of it
     are pinned by (and by the other name of a value of MySQL ``ENUM``
     ``enums``); None where they cannot be told (a value not loaded, a
-    default the database gives)."""
+    default the database gives, a column of ``keyed``: a many-to-one's
+    foreign key)."""
     tags = set()
     for column in columns:
         try:
-            key = state.mapper.get_property_by_column(table.c[column]).key
+            mapped = table.c[column]
+            key = state.mapper.get_property_by_column(mapped).key
         except (KeyError, sa.orm.exc.UnmappedColumnError):
+            return None
+        if mapped in keyed:
             return None
         history = state.attrs[key].history
         values = [*history.added, *history.deleted, *history.unchanged]
