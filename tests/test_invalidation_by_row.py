@@ -1359,6 +1359,73 @@ def test_rows_the_orm_updates_as_their_parents_key_changes_are_dropped(
     assert [r['rows'] for r in answer['results']] == [[], [[1], [2]]]
 
 
+class Stamped(DeclarativeBase):
+    pass
+
+
+class Ticket(Stamped):
+    __tablename__ = 'ticket'
+    id: Mapped[int] = mapped_column(primary_key=True)
+    title: Mapped[str] = mapped_column(sa.String(20))
+    state: Mapped[str] = mapped_column(
+        sa.String(20), default='new', onupdate='edited'
+    )
+    version: Mapped[int] = mapped_column()
+    __mapper_args__ = {'version_id_col': version}  # noqa: RUF012
+
+
+def edit(session):
+    session.get(Ticket, 1).title = 'b'
+
+
+def open_(session):
+    session.add(Ticket(id=2, title='c'))
+
+
+@pytest.mark.parametrize(
+    'write, after',
+    [
+        # Ticket 1's state becomes 'edited', its version 2.
+        pytest.param(edit, [[[1]], [[1]]], id='update'),
+        # Ticket 2 is 'new', of version 1.
+        pytest.param(open_, [[[1], [2]], [[1], [2]]], id='insert'),
+    ],
+)
+def test_a_pinned_column_the_orm_fills_drops_its_reads(
+    db_url, apps, write, after
+):
+    # onupdate, a default, a version counter: the flush sets them, the
+    # object does not.
+    def view(request):
+        write(request.dbsession)
+        return 'ok'
+
+    engine = sa.create_engine(db_url)
+    Stamped.metadata.create_all(engine)
+    with engine.begin() as connection:
+        connection.execute(
+            sa.insert(Ticket),
+            {'id': 1, 'title': 'a', 'state': 'new', 'version': 1},
+        )
+    engine.dispose()
+    methods = [
+        {
+            'name': f'by_{column}',
+            'sql': f'SELECT id FROM ticket WHERE {column} = :v ORDER BY id',
+            'cache_time': 20,
+        }
+        for column in ('state', 'version')
+    ]
+    app = apps(db_url, methods, tables=False, views={'/orm': view})
+    if write is edit:
+        reads = [('by_state', {'v': 'edited'}), ('by_version', {'v': 2})]
+    else:
+        reads = [('by_state', {'v': 'new'}), ('by_version', {'v': 1})]
+    call(app, *reads)
+    app.post('/orm')
+    assert [r['rows'] for r in call(app, *reads)['results']] == after
+
+
 def test_a_calls_tags_are_remembered_and_bounded(sqlite_url, apps):
     search = apps(sqlite_url, [SEARCH]).app.registry.dbtune.methods['search']
     tags = search.tags({'area': 'Burley'})

@@ -76,7 +76,10 @@ def _before_flush(session, flush_context, instances):
                 columns = pinned.get(name, ())
                 schema = unit.router.schema
                 enums = schema.enums(session, name) if columns else {}
-                tags = _tags(state, table, columns, enums, keyed[state])
+                updating = not (going or state.pending)
+                tags = _tags(
+                    state, table, columns, enums, keyed[state], updating
+                )
                 if columns and tags is not None:
                     # What the database sets itself is not what is given.
                     itself = schema.sets_itself(session, name)
@@ -188,6 +191,17 @@ def _written(rel):
     return {column.table for column in columns}
 
 
+def _fills(mapper, column):
+    """Whether an update of a row of ``mapper`` that does not set
+    ``column`` may set it: by its ``onupdate`` or ``server_onupdate``,
+    or as the mapper's version counter (``version_id_col``)."""
+    return (
+        column.onupdate is not None
+        or column.server_onupdate is not None
+        or column is mapper.version_id_col
+    )
+
+
 def _stored(session, table, states, columns, updating):
     """The tags of the rows of ``states`` as ``table`` holds them now,
     locked until the commit: another transaction may have changed them
@@ -216,13 +230,13 @@ def _stored(session, table, states, columns, updating):
     return None if None in tags else tags
 
 
-def _tags(state, table, columns, enums, keyed):
+def _tags(state, table, columns, enums, keyed, updating):
     """The tags of the rows the flush of ``state`` touches in ``table``,
     as they were and as they will be, by the ``columns`` that reads of it
     are pinned by (and by the other name of a value of MySQL ``ENUM``
     ``enums``); None where they cannot be told (a value not loaded, a
     default the database gives, a column of ``keyed``: a many-to-one's
-    foreign key)."""
+    foreign key; ``updating``, a column the update fills itself)."""
     tags = set()
     for column in columns:
         try:
@@ -237,6 +251,8 @@ def _tags(state, table, columns, enums, keyed):
         if not values or (
             history.added and not history.deleted and not state.pending
         ):
+            return None
+        if updating and not history.added and _fills(state.mapper, mapped):
             return None
         members = enums.get(column, ())
         for value in values:
