@@ -4,10 +4,11 @@ writes, then uses the writer.
 The session is the request's unit of work: registered with zope.sqlalchemy
 on ``request.tm``, it commits or aborts with the request. Its first flush,
 and its first data-changing statement (ORM ``insert()``/``update()``/
-``delete()``, ``text()`` DML, ``SELECT ... FOR UPDATE``), take the
-request's write slot and move it, and every later read of the request, to
-the writer. SQL methods that write run in this same session, so the two
-see each other's uncommitted writes.
+``delete()``, ``text()`` DML, either also wrapped to return rows,
+``SELECT ... FOR UPDATE``), take the request's write slot and move it,
+and every later read of the request, to the writer. SQL methods that
+write run in this same session, so the two see each other's uncommitted
+writes.
 """
 
 from time import perf_counter
@@ -18,7 +19,7 @@ from pyramid.exceptions import ConfigurationError
 from pyramid.interfaces import IRequestExtensions
 from sqlalchemy import event
 from sqlalchemy.orm import MANYTOONE, Session
-from sqlalchemy.sql.elements import TextClause
+from sqlalchemy.sql.expression import TextClause, TextualSelect
 
 from ..sql import analysis
 from ..sql.conditions import foreign_reach, value_tag
@@ -278,16 +279,16 @@ def _do_orm_execute(state):
     unit = state.session.info.get(UNIT)
     if unit is None or state.execution_options.get('dbtune_routed'):
         return  # not adopted, or a SQL method: routed already
-    statement = state.statement
+    statement = _inner(state)
     # An INSERT changes no row already there; an UPDATE's columns, where
     # told, are those that foreign keys may act on.
-    updated = frozenset() if state.is_insert else None
+    updated = frozenset() if statement.is_insert else None
     if isinstance(statement, TextClause):
         writes, tables = analysis.analyse(statement.text)  # memoized
         if not writes:
             return
         updated = foreign_reach(statement.text)
-    elif state.is_insert or state.is_update or state.is_delete:
+    elif statement.is_dml:
         tables = {statement.table.name.lower()}
     # SELECT ... FOR UPDATE: SQLAlchemy says so only in this private
     # attribute of a Select (no public reader of with_for_update()).
@@ -299,6 +300,20 @@ def _do_orm_execute(state):
     if tables:
         unit.cascade(state.session, tables, updated)
     unit.session_wrote(state.session)
+
+
+def _inner(state):
+    """The statement that runs: the text of ``text(...).columns(...)`` (a
+    TextualSelect), the statement of ``select(M).from_statement(...)``,
+    which may be either in turn. SQLAlchemy keeps what they wrap in their
+    ``element``, an attribute it does not document (it has no public
+    reader of it)."""
+    statement = state.statement
+    if state.is_from_statement:
+        statement = statement.element
+    if isinstance(statement, TextualSelect):
+        statement = statement.element
+    return statement
 
 
 def dbsession(request):
