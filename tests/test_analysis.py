@@ -3,7 +3,12 @@
 import pytest
 
 from pyramid_dbtune.sql import readings
-from pyramid_dbtune.sql.analysis import ANY_TABLE, analyse, in_parameters
+from pyramid_dbtune.sql.analysis import (
+    ANY_TABLE,
+    analyse,
+    in_parameters,
+    is_setting,
+)
 
 
 @pytest.mark.parametrize(
@@ -100,6 +105,9 @@ from pyramid_dbtune.sql.analysis import ANY_TABLE, analyse, in_parameters
         ('SELECT x FROM a UNION ALL TABLE b', {'a', 'b'}),
         ('(TABLE a) EXCEPT TABLE ONLY b', {'a', 'b'}),
         ('SELECT * FROM (TABLE a) s', {'a'}),
+        # MariaDB's SET STATEMENT: the statement it runs.
+        ('SET STATEMENT max_statement_time = 1 FOR SELECT * FROM area',
+         {'area'}),
     ],
 )  # fmt: skip
 def test_reads_and_their_tables(sql, tables):
@@ -150,6 +158,22 @@ def test_reads_and_their_tables(sql, tables):
         ('SELECT * FROM t /*!40000 FOR UPDATE */', set()),
         ("UPDATE area a # it's\nJOIN property p ON p.area = a.name "
          "SET p.rent = 1 WHERE a.name <> 'x'", {'area', 'property'}),
+        # Settings, notifications, table locks: in the writing transaction
+        # (where a SQL method's applies to what follows), of no table.
+        ("SET LOCAL statement_timeout = '5s'", set()),
+        ('set search_path to tenant, public', set()),
+        ('SET SESSION max_statement_time = 5', set()),
+        ('SET @x = (SELECT rent FROM property WHERE id = 1);', set()),
+        ('SET GLOBAL max_connections = 10', set()),
+        ('SET TRANSACTION ISOLATION LEVEL SERIALIZABLE', set()),
+        ("NOTIFY changed, 'property'", set()),
+        ('LISTEN changed', set()),
+        ('UNLISTEN *', set()),
+        ('LOCK TABLE property IN SHARE MODE', set()),
+        ('LOCK TABLES property WRITE, area READ', set()),
+        ('UNLOCK TABLES', set()),
+        ('SET STATEMENT max_statement_time = 1 FOR '
+         'UPDATE property SET rent = (1) WHERE id = 1', {'property'}),
     ],
 )  # fmt: skip
 def test_writes_and_their_tables(sql, tables):
@@ -171,10 +195,53 @@ def test_writes_and_their_tables(sql, tables):
      # MySQL's joins to update, and the tables that refer to a table.
      'UPDATE (a JOIN b ON a.x = b.x) SET b.x = 1', 'TRUNCATE a CASCADE',
      'UPDATE a, (b JOIN c ON 1 = 1) SET c.x = 2',
-     'UPDATE a JOIN (b JOIN c ON b.i = c.i) ON a.i = b.i SET c.x = 2'],
+     'UPDATE a JOIN (b JOIN c ON b.i = c.i) ON a.i = b.i SET c.x = 2',
+     # A setting and a write, in one text.
+     "SET search_path TO x; DELETE FROM property", 'LOCK t; DROP TABLE t',
+     'SET STATEMENT max_statement_time = 1 FOR',
+     'SET STATEMENT max_statement_time = (1)'],
 )  # fmt: skip
 def test_writes_whose_tables_cannot_be_told(sql):
     assert analyse(sql) == (True, None)
+
+
+@pytest.mark.parametrize(
+    'sql, setting',
+    [
+        ("SET LOCAL statement_timeout = '5s'", True),
+        ('SET search_path TO "Tenant", public', True),
+        ('SET SESSION max_statement_time = 5', True),
+        ('SET @x := (SELECT rent FROM property), @@sql_mode = DEFAULT', True),
+        ("SET NAMES 'utf8mb4'", True),
+        ("SET TIME ZONE 'UTC'", True),
+        ('SET ROLE reader', True),
+        ("SET x = 'global'", True),
+        # The server's, the grants', another statement's or thread's.
+        ('SET GLOBAL max_connections = 10', False),
+        ('SET @@global.max_connections = 10', False),
+        ('SET PERSIST max_connections = 10', False),
+        ("SET PASSWORD = 'secret'", False),
+        ('SET DEFAULT ROLE ALL TO u', False),
+        ('SET STATEMENT max_statement_time = 1 FOR SELECT 1', False),
+        ('SET RESOURCE GROUP batch FOR 14', False),
+        # The transaction's: whether it may write, its isolation.
+        ('SET TRANSACTION READ WRITE', False),
+        ('SET SESSION TRANSACTION READ WRITE', False),
+        ('SET SESSION CHARACTERISTICS AS TRANSACTION READ WRITE', False),
+        ('SET transaction_read_only = off', False),
+        ('SET LOCAL "transaction_read_only" TO off', False),
+        ('SET default_transaction_read_only = off', False),
+        ('SET @@session.tx_read_only = 0', False),
+        ('SET CONSTRAINTS ALL DEFERRED', False),
+        # Not one setting.
+        ('SET search_path TO x; DELETE FROM property', False),
+        ('SHOW search_path', False),
+        ("NOTIFY changed, 'x'", False),
+        ("SELECT set_config('search_path', 'x', true)", False),
+    ],
+)  # fmt: skip
+def test_settings_a_read_only_transaction_may_make(sql, setting):
+    assert is_setting(sql) is setting
 
 
 def test_in_parameters():

@@ -1,12 +1,13 @@
 """``request.dbsession``'s statements: which of them write, where they
 run, and what they leave in the cache, on PostgreSQL and MariaDB."""
 
+import psycopg
 import pytest
 import sqlalchemy as sa
 import transaction
 from pyramid.scripting import prepare
 
-from conftest import Property
+from conftest import Property, query_log, run_sql
 
 RENTS = {
     'name': 'rents',
@@ -72,3 +73,182 @@ def test_a_write_wrapped_to_return_rows_runs_on_the_writer_and_invalidates(
     rows, hit = cached(app)
     assert [row[0] for row in rows] == [2, 3, 4]
     assert not hit
+
+
+NAMES = {
+    'name': 'names',
+    'sql': 'SELECT name FROM area ORDER BY name',
+    'cache_time': 60,
+}
+#: A setting of each server, and a SQL method that shows it.
+SETTINGS = {
+    'postgresql': "SET LOCAL statement_timeout = '4s'",
+    'mysql': 'SET SESSION max_statement_time = 4',
+}
+SHOWS = {
+    'postgresql': "SELECT current_setting('statement_timeout') AS v",
+    'mysql': 'SELECT @@max_statement_time AS v',
+}
+
+
+def dialect(url):
+    return 'postgresql' if url.startswith('postgresql') else 'mysql'
+
+
+def test_a_view_that_reads_after_a_setting_takes_no_write_slot(
+    server_url, apps
+):
+    def view(request):
+        session = request.dbsession
+        session.execute(sa.text(SETTINGS[dialect(server_url)]))
+        session.scalar(sa.select(Property.rent).where(Property.id == 1))
+        return request.dbtune.unit.dirty
+
+    app = view_app(apps, server_url, view, [RENTS, NAMES])
+    router = app.app.registry.dbtune.router
+    cached(app), cached(app, 'names')
+    assert app.get('/view').json is False
+    assert router.write_transactions == 0
+    assert cached(app)[1] and cached(app, 'names')[1]  # none dropped
+
+
+def test_a_setting_holds_for_the_requests_sql_methods_and_writes(
+    server_url, apps
+):
+    setting, show = SETTINGS[dialect(server_url)], SHOWS[dialect(server_url)]
+
+    def view(request):
+        session = request.dbsession
+        session.execute(sa.text(setting))
+        seen = [session.scalar(sa.text(show)), request.sql.setting()[0].v]
+        dirty = request.dbtune.unit.dirty
+        session.get(Property, 4).rent = 71
+        session.flush()  # the first write, on the writer
+        seen += [session.scalar(sa.text(show)), request.sql.setting()[0].v]
+        return {
+            'seen': [str(value) for value in seen],
+            'dirty': dirty,
+            'cache': {k: v for k, v in request.dbtune.cache.items() if v},
+        }
+
+    methods = [
+        RENTS,
+        NAMES,
+        {'name': 'setting', 'sql': show, 'cache_time': 60},
+    ]
+    # One pooled reader connection: the next request would get the
+    # session's, were it pooled.
+    app = view_app(
+        apps, server_url, view, methods, {'dbtune.read_pool_size': 1}
+    )
+    log = query_log(app)
+    cached(app, 'names')
+    answer = app.get('/view').json
+    # The reads ran on the reader, with no write slot; SQL methods ran in
+    # the session, which they saw the setting of, past the cache; the
+    # write saw it too, made again on the writer.
+    assert answer['dirty'] is False
+    assert len(set(answer['seen'])) == 1
+    assert answer['cache'] == {'uncached': 2}
+    assert log.count(setting, engine='reader0') == 1
+    assert log.count(setting, engine='writer') == 1
+    # It held for that request alone; the write dropped no other table's
+    # reads.
+    assert str(cached(app, 'setting')[0][0][0]) != answer['seen'][0]
+    assert cached(app, 'names')[1]
+
+
+def test_a_setting_after_a_write_runs_in_the_writing_transaction(
+    server_url, apps
+):
+    setting, show = SETTINGS[dialect(server_url)], SHOWS[dialect(server_url)]
+
+    def view(request):
+        session = request.dbsession
+        session.get(Property, 4).rent = 71
+        session.flush()
+        session.execute(sa.text(setting))
+        return str(session.scalar(sa.text(show)))
+
+    app = view_app(apps, server_url, view, [RENTS, NAMES])
+    log = query_log(app)
+    cached(app, 'names')
+    assert app.get('/view').json in ('4s', '4.0')
+    assert log.count(setting, engine='writer') == 1
+    assert cached(app, 'names')[1]  # not dropped
+
+
+def test_a_search_path_set_in_the_session_is_its_requests_alone(
+    postgresql_url, apps
+):
+    schema = sa.engine.make_url(postgresql_url).query['options'].split('=')[1]
+    tenant = f'{schema}_tenant'
+    run_sql(
+        postgresql_url,
+        f'CREATE SCHEMA {tenant}',
+        f'CREATE TABLE {tenant}.property (id INTEGER PRIMARY KEY, '
+        'area VARCHAR(40) NOT NULL, rent INTEGER NOT NULL)',
+        f"INSERT INTO {tenant}.property VALUES (1, 'Leeds', 5)",
+    )
+
+    def view(request):
+        request.dbsession.execute(sa.text(f'SET search_path TO {tenant}'))
+        rows = [list(row) for row in request.sql.rents()]
+        rents = request.dbsession.scalars(sa.select(Property.rent)).all()
+        return [rows, rents, request.dbtune.unit.dirty]
+
+    try:
+        app = view_app(apps, postgresql_url, view)
+        assert cached(app) == (RENTS_NOW, False)
+        # The tenant's rows, not the cached ones of the schema of the URL;
+        # and no write slot.
+        assert app.get('/view').json == [[[1, 5]], [5], False]
+        # Neither stored in the cache, nor dropping what it holds.
+        assert cached(app) == (RENTS_NOW, True)
+    finally:
+        run_sql(postgresql_url, f'DROP SCHEMA {tenant} CASCADE')
+
+
+@pytest.mark.parametrize(
+    'statement',
+    [
+        "NOTIFY dbtune_test, 'x'",
+        'LISTEN dbtune_test',
+        'LOCK TABLE property IN SHARE MODE',
+        'SET TRANSACTION ISOLATION LEVEL SERIALIZABLE',
+        'SET TRANSACTION READ WRITE',
+    ],
+)
+def test_a_statement_for_the_writing_transaction_runs_there_and_drops_no_read(
+    postgresql_url, apps, statement
+):
+    def view(request):
+        request.dbsession.execute(sa.text(statement))
+        dirty = request.dbtune.unit.dirty
+        request.dbsession.get(Property, 4).rent = 71
+        return dirty
+
+    app = view_app(apps, postgresql_url, view, [RENTS, NAMES])
+    log = query_log(app)
+    cached(app, 'names')
+    assert app.get('/view').json is True
+    assert log.count(statement, engine='writer') == 1
+    assert cached(app)[0][3] == [4, 71]
+    assert cached(app, 'names')[1]
+
+
+def test_a_notify_is_sent_as_the_request_commits(postgresql_url, apps):
+    def view(request):
+        request.dbsession.execute(sa.text("NOTIFY dbtune_test, 'sent'"))
+        return 'ok'
+
+    app = view_app(apps, postgresql_url, view)
+    url = sa.engine.make_url(postgresql_url)
+    with psycopg.connect(
+        host=url.host, port=url.port, user=url.username, dbname=url.database,
+        autocommit=True,
+    ) as listener:  # fmt: skip
+        listener.execute('LISTEN dbtune_test')
+        app.get('/view')
+        sent = listener.notifies(timeout=5, stop_after=1)
+        assert [notify.payload for notify in sent] == ['sent']

@@ -69,7 +69,8 @@ class RequestContext:
             self.db_seconds += perf_counter() - start
 
     def execute(self, method, params):
-        """Run a write, or a read after a write, in the transaction."""
+        """Run a write, or a read after a write or a setting of the
+        session, in the transaction."""
         statement, params = method.bind(params)
         unit = self.unit
         waited = unit.write_wait
@@ -83,7 +84,8 @@ class RequestContext:
             elapsed = perf_counter() - start - (unit.write_wait - waited)
             self.queries += 1
             self.db_seconds += elapsed
-            self.write_seconds += elapsed
+            if unit.dirty:  # on the writer
+                self.write_seconds += elapsed
 
 
 class BoundSQLMethod:
@@ -112,7 +114,7 @@ class BoundSQLMethod:
         unit = context.unit
         if unit._session is not None:
             unit.flush()
-        if method.writes or unit.dirty:
+        if method.writes or unit.dirty or unit.settings:
             context.cache['uncached'] += 1
             return context.execute(method, params)
         if not self.cache_time or unit.pinned:

@@ -8,7 +8,8 @@ and its first data-changing statement (ORM ``insert()``/``update()``/
 ``SELECT ... FOR UPDATE``), take the request's write slot and move it,
 and every later read of the request, to the writer. SQL methods that
 write run in this same session, so the two see each other's uncommitted
-writes.
+writes. A setting (``SET``) is made where its reads run, with no write
+slot, and made again on the writer at its first write.
 """
 
 from time import perf_counter
@@ -287,6 +288,9 @@ def _do_orm_execute(state):
         writes, tables = analysis.analyse(statement.text)  # memoized
         if not writes:
             return
+        if tables == frozenset() and analysis.is_setting(statement.text):
+            _setting(unit, state, statement)
+            return
         updated = foreign_reach(statement.text)
     elif statement.is_dml:
         tables = {statement.table.name.lower()}
@@ -300,6 +304,42 @@ def _do_orm_execute(state):
     if tables:
         unit.cascade(state.session, tables, updated)
     unit.session_wrote(state.session)
+
+
+def _setting(unit, state, statement):
+    """A setting (``SET``) of the session's connection or transaction,
+    made where its reads run (a reader, before the transaction writes) so
+    that what follows sees it, with no write slot: the request's SQL
+    methods then run in the session too, neither served from nor stored
+    in the cache (:attr:`UnitOfWork.settings
+    <pyramid_dbtune.routing.work.UnitOfWork.settings>`), and its first
+    write makes it again on the writer (:func:`_set_again`).
+
+    MySQL and MariaDB keep a setting on its connection past its
+    transaction: that connection is closed, not pooled, once the request
+    is done with it, so that no other request's reads, and no cached
+    rows, see it. PostgreSQL undoes it as the reader's transaction is
+    rolled back."""
+    if unit.dirty:
+        return  # made in the writing transaction
+    unit.settings.append((statement, state.parameters))
+    if unit.router.dialect in ('mysql', 'mariadb'):
+        state.session.connection().detach()
+
+
+@event.listens_for(Session, 'after_begin')
+def _set_again(session, transaction, connection):
+    # The writer's connection, taken by the first write after the session
+    # made settings on the reader it let go of: it makes them again first.
+    unit = session.info.get(UNIT)
+    if (
+        unit is not None
+        and unit.settings
+        and unit.dirty
+        and connection.engine is unit.router.writer
+    ):
+        for statement, params in unit.settings:
+            connection.execute(statement, params)
 
 
 def _inner(state):

@@ -59,6 +59,10 @@ class UnitOfWork:
         self.cache = cache
         #: True from the first write until its transaction ends.
         self.dirty = False
+        #: The settings (``SET``) its session made before it wrote, on
+        #: its reader: ``(statement, parameters)``. While it holds one,
+        #: SQL methods run in the session, which it applies to.
+        self.settings = []
         self.write_wait = 0.0
         self._session = self._reader = None
         #: The transaction it serves, once it serves one.
@@ -481,6 +485,7 @@ class UnitOfWork:
         self._unimaged = set()
         self._all_tables = False
         self._later = frozenset()
+        self.settings = []
         if self._token is not None:  # sent, but not committed
             self.request.registry.dbtune.listener.forget(self._token)
             self._token = None

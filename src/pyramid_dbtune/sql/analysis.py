@@ -12,6 +12,7 @@ second-guessed.
 import functools
 import re
 
+from . import commands
 from .readings import READINGS, pieces
 
 #: Tables of a read that cannot be told: any committed write invalidates it.
@@ -342,6 +343,15 @@ def _analyse(words):
     reader = _Reader(words)
     first = next((w for w in reader.lower if w != '('), '')
     starts = reader.statement_words()
+    if (
+        first in commands.FIRST_WORDS
+        and not starts
+        and commands.one_statement(reader.lower)
+    ):
+        inner = commands.wrapped(reader.lower, reader.depth)
+        if inner is not None:
+            return _analyse(words[inner:])
+        return True, set()  # SET, NOTIFY, LOCK...: a write of no table
     if first == 'truncate':
         tables = set()
         j = 1
@@ -386,9 +396,21 @@ def analyse(sql, dialect=None):
     that cannot be told (DDL, procedure calls): such a write invalidates
     every cached result. A locking read (``SELECT ... FOR UPDATE``) is a
     write of no table: it must run in the writing transaction, and it
-    changes nothing.
+    changes nothing. So are ``SET``, ``NOTIFY``, ``LISTEN`` and ``LOCK``
+    (:mod:`.commands`).
     """
     return analyse_any([sql], dialect)
+
+
+@functools.lru_cache(maxsize=1024)
+def is_setting(sql):
+    """Whether ``sql`` is a ``SET`` of the session's connection or of its
+    transaction that a read-only transaction may make for the reads that
+    follow (:func:`.commands.is_setting`), as every database reads it."""
+    return all(
+        commands.is_setting([word.lower() for word in tokens(sql, literal)])
+        for literal in _READINGS
+    )
 
 
 def analyse_any(statements, dialect=None):
