@@ -7,6 +7,9 @@ import sqlalchemy as sa
 import transaction
 from pyramid.scripting import prepare
 
+from pyramid_dbtune import WriteInReadError
+from pyramid_dbtune.routing.errors import is_read_only_refusal
+
 from conftest import Property, query_log, run_sql
 
 RENTS = {
@@ -252,3 +255,92 @@ def test_a_notify_is_sent_as_the_request_commits(postgresql_url, apps):
         app.get('/view')
         sent = listener.notifies(timeout=5, stop_after=1)
         assert [notify.payload for notify in sent] == ['sent']
+
+
+#: A sequence of each server, and a read of its next value: a write that
+#: reads as a read.
+SEQUENCES = {
+    'postgresql': "SELECT nextval('seq')",
+    'mysql': 'SELECT nextval(seq)',
+}
+
+
+def test_a_write_that_reads_as_a_read_fails_saying_what_to_do(
+    server_url, apps
+):
+    def view(request):
+        nextval = sa.text(SEQUENCES[dialect(server_url)])
+        try:
+            request.dbsession.scalar(nextval)
+        except WriteInReadError as exc:  # the driver's error its cause
+            return [str(exc), is_read_only_refusal(exc.__cause__.orig)]
+
+    app = view_app(apps, server_url, view)
+    run_sql(server_url, 'CREATE SEQUENCE seq')
+    message, refused = app.get('/view').json
+    assert 'execution_options(dbtune_writes=True)' in message
+    assert refused
+
+
+def test_a_sql_method_that_writes_as_a_read_in_the_session_says_so(
+    server_url, apps
+):
+    def view(request):
+        request.dbsession.execute(sa.text(SETTINGS[dialect(server_url)]))
+        return request.sql.next()[0][0]
+
+    nextval = SEQUENCES[dialect(server_url)]
+    app = view_app(apps, server_url, view, [{'name': 'next', 'sql': nextval}])
+    run_sql(server_url, 'CREATE SEQUENCE seq')
+    with pytest.raises(WriteInReadError, match=r'next\(\).*writes=True'):
+        app.get('/view')
+
+
+STATEMENTS = {
+    'update': 'UPDATE property SET rent = 5 WHERE id = 1',
+    'DDL': 'CREATE TEMPORARY TABLE scratch (i INTEGER)',  # untold tables
+}
+BOTH = {'rents', 'names'}
+
+
+@pytest.mark.parametrize(
+    'statement, declared, dropped',
+    [
+        ('nextval', [], set()),
+        ('nextval', 'property', {'rents'}),
+        ('nextval', ['Property', 'area'], BOTH),
+        ('nextval', True, BOTH),  # its tables untold: every table
+        ('update', True, {'rents'}),
+        ('update', 'area', BOTH),  # and its own
+        ('DDL', 'area', BOTH),
+    ],
+)
+def test_dbtune_writes_sends_a_statement_to_the_writer_with_its_tables(
+    server_url, apps, statement, declared, dropped
+):
+    sql = STATEMENTS.get(statement) or SEQUENCES[dialect(server_url)]
+
+    def view(request):
+        request.dbsession.execute(
+            sa.text(sql), execution_options={'dbtune_writes': declared}
+        )
+        return request.dbtune.unit.dirty
+
+    app = view_app(apps, server_url, view, [RENTS, NAMES])
+    run_sql(server_url, 'CREATE SEQUENCE seq')
+    cached(app), cached(app, 'names')
+    assert app.get('/view').json is True
+    assert {name for name in BOTH if not cached(app, name)[1]} == dropped
+
+
+@pytest.mark.parametrize('declared', [False, 1, [None]])
+def test_dbtune_writes_is_true_or_table_names(sqlite_url, apps, declared):
+    def view(request):
+        statement = sa.select(Property).execution_options(
+            dbtune_writes=declared
+        )
+        return request.dbsession.execute(statement).all()
+
+    app = view_app(apps, sqlite_url, view)
+    with pytest.raises(ValueError, match='dbtune_writes must be True or'):
+        app.get('/view')

@@ -11,7 +11,9 @@ from pyramid_retry import mark_error_retryable
 
 
 class WriteInReadError(RuntimeError):
-    """A SQL method taken for a read tried to write (see ``writes=``)."""
+    """A SQL method taken for a read tried to write (see ``writes=``), or a
+    statement of ``request.dbsession`` before the request's first write
+    (see the ``dbtune_writes`` execution option)."""
 
 
 class WriteSlotTimeout(HTTPServiceUnavailable):

@@ -56,13 +56,7 @@ class RequestContext:
                 fill=fill,
             )
         except DBAPIError as exc:
-            if is_read_only_refusal(exc.orig):
-                raise WriteInReadError(
-                    f'SQL method {method.name}() tried to change the '
-                    'database, but its statement reads as a read, and reads '
-                    'run read-only: declare it with writes=True (or a '
-                    '"-- writes: true" line in its file)'
-                ) from exc
+            _refused(method, exc)
             raise
         finally:
             self.queries += 1
@@ -77,6 +71,10 @@ class RequestContext:
         start = perf_counter()
         try:
             return unit.execute(method, statement, params)
+        except DBAPIError as exc:
+            if not method.writes:  # in the session, on its reader
+                _refused(method, exc)
+            raise
         finally:
             # The wait for a write slot is not database time: it is
             # counted apart (``unit.write_wait``, Server-Timing's
@@ -86,6 +84,18 @@ class RequestContext:
             self.db_seconds += elapsed
             if unit.dirty:  # on the writer
                 self.write_seconds += elapsed
+
+
+def _refused(method, exc):
+    """Raise the database's refusal of a write in a read of ``method``,
+    which runs read-only, as :class:`WriteInReadError`."""
+    if is_read_only_refusal(exc.orig):
+        raise WriteInReadError(
+            f'SQL method {method.name}() tried to change the database, but '
+            'its statement reads as a read, and reads run read-only: '
+            'declare it with writes=True (or a "-- writes: true" line in '
+            'its file)'
+        ) from exc
 
 
 class BoundSQLMethod:

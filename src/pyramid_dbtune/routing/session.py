@@ -9,7 +9,10 @@ and its first data-changing statement (ORM ``insert()``/``update()``/
 and every later read of the request, to the writer. SQL methods that
 write run in this same session, so the two see each other's uncommitted
 writes. A setting (``SET``) is made where its reads run, with no write
-slot, and made again on the writer at its first write.
+slot, and made again on the writer at its first write. A statement that
+writes though it reads as a read is declared so with the ``dbtune_writes``
+execution option; undeclared, the reader refuses it, as
+:class:`~pyramid_dbtune.WriteInReadError`.
 """
 
 from time import perf_counter
@@ -19,11 +22,13 @@ from pyramid.decorator import reify
 from pyramid.exceptions import ConfigurationError
 from pyramid.interfaces import IRequestExtensions
 from sqlalchemy import event
+from sqlalchemy.exc import DBAPIError
 from sqlalchemy.orm import MANYTOONE, Session
 from sqlalchemy.sql.expression import TextClause, TextualSelect
 
 from ..sql import analysis
 from ..sql.conditions import foreign_reach, value_tag
+from .errors import WriteInReadError, is_read_only_refusal
 from .schema import aliases
 from .work import UNIT
 
@@ -153,7 +158,7 @@ def _related(state, deleting):
                 or not (rel.cascade.delete or rel.passive_deletes == 'all')
             )
         ):
-            tables.update(_written(rel))
+            tables.update(_written_for(rel))
     if not (deleting or state.pending) and _rekeyed(state):
         tables.update(_rekeying(state.mapper))
     return keyed, tables
@@ -178,11 +183,11 @@ def _rekeying(mapper):
         for rel in other.relationships
         if not (rel.viewonly or rel.passive_updates)
         and mapper.isa(rel.mapper if rel.direction is MANYTOONE else other)
-        for table in _written(rel)
+        for table in _written_for(rel)
     }
 
 
-def _written(rel):
+def _written_for(rel):
     """The tables whose rows the ORM writes for relationship ``rel``: its
     secondary table, else that of the foreign key columns it sets."""
     if rel.secondary is not None:
@@ -275,35 +280,106 @@ def _after_flush(session, flush_context):
         session.info[UNIT].wrote_for(perf_counter() - start)
 
 
+#: The execution option that declares a statement of the session a
+#: write: ``True``, or the names of the tables it changes.
+WRITES = 'dbtune_writes'
+# What _told() says of a setting (SET): made where the reads run.
+_SETTING = object()
+
+
 @event.listens_for(Session, 'do_orm_execute')
 def _do_orm_execute(state):
     unit = state.session.info.get(UNIT)
     if unit is None or state.execution_options.get('dbtune_routed'):
-        return  # not adopted, or a SQL method: routed already
+        return None  # not adopted, or a SQL method: routed already
     statement = _inner(state)
-    # An INSERT changes no row already there; an UPDATE's columns, where
-    # told, are those that foreign keys may act on.
-    updated = frozenset() if statement.is_insert else None
+    written = _written(statement, state.execution_options.get(WRITES))
+    if written is _SETTING:
+        _setting(unit, state, statement)
+    elif written is not None:
+        tables, updated = written
+        unit.begin_write(tables, _WHAT)
+        if tables:
+            unit.cascade(state.session, tables, updated)
+        unit.session_wrote(state.session)
+    if state.session.bind is unit.router.writer:
+        return None  # the writer's transaction, read-write
+    return _on_the_reader(state)
+
+
+def _written(statement, declared):
+    """``(tables, updated)`` for a write of ``statement``: the tables it
+    changes (None: untold) and the columns it updates (None: untold); None
+    for a read; :data:`_SETTING` for a setting. ``declared``: its
+    :data:`WRITES` execution option, if any: a write, of the tables its
+    statement tells (if it tells a write) and those it names."""
+    told = _told(statement)
+    if declared is None:
+        return told
+    names = None if declared is True else _names(declared)
+    if told is None or told is _SETTING:
+        return names, None
+    tables, updated = told
+    if tables is not None and names is not None:
+        tables = {*tables, *names}
+    return tables, updated
+
+
+def _told(statement):
+    """What ``statement`` writes, as its own text or form tells it (see
+    :func:`_written`)."""
     if isinstance(statement, TextClause):
         writes, tables = analysis.analyse(statement.text)  # memoized
         if not writes:
-            return
+            return None
         if tables == frozenset() and analysis.is_setting(statement.text):
-            _setting(unit, state, statement)
-            return
-        updated = foreign_reach(statement.text)
-    elif statement.is_dml:
-        tables = {statement.table.name.lower()}
+            return _SETTING
+        # The columns an UPDATE's SET names, that foreign keys may act on.
+        return tables, foreign_reach(statement.text)
+    if statement.is_dml:
+        # An INSERT changes no row already there.
+        updated = frozenset() if statement.is_insert else None
+        return {statement.table.name.lower()}, updated
     # SELECT ... FOR UPDATE: SQLAlchemy says so only in this private
     # attribute of a Select (no public reader of with_for_update()).
-    elif getattr(statement, '_for_update_arg', None) is not None:
-        tables = set()  # a locking read: in the writing transaction
-    else:
-        return
-    unit.begin_write(tables, _WHAT)
-    if tables:
-        unit.cascade(state.session, tables, updated)
-    unit.session_wrote(state.session)
+    if getattr(statement, '_for_update_arg', None) is not None:
+        return set(), None  # a locking read: in the writing transaction
+    return None
+
+
+def _names(declared):
+    """The table names of a :data:`WRITES` option: a list, or one string
+    separated by commas, as a SQL method's ``tables``."""
+    if isinstance(declared, str):
+        declared = declared.replace(',', ' ').split()
+    try:
+        return {analysis.table_name(name) for name in declared}
+    except (TypeError, AttributeError):
+        raise ValueError(
+            f'execution option {WRITES} must be True or the names of the '
+            f'tables the statement changes, not {declared!r}'
+        ) from None
+
+
+_REFUSED = (
+    'a statement of request.dbsession tried to change the database, but '
+    'it reads as a read, and until the request writes, the session reads '
+    'on a read-only connection: declare it a write with '
+    f'execution_options({WRITES}=True), or with the tables it changes '
+    f"({WRITES}=['area']; [] for none)"
+)
+
+
+def _on_the_reader(state):
+    """Run the statement where the session reads: read-only, until the
+    transaction writes. The database's refusal of a write there is a
+    :class:`~pyramid_dbtune.WriteInReadError` that says what to do."""
+    try:
+        return state.invoke_statement()
+    except DBAPIError as exc:
+        if is_read_only_refusal(exc.orig):
+            raise WriteInReadError(_REFUSED) from exc
+        raise
 
 
 def _setting(unit, state, statement):
