@@ -11,7 +11,6 @@ from concurrent.futures import TimeoutError as FutureTimeout
 from time import monotonic
 
 from sqlalchemy import literal_column, select
-from sqlalchemy.exc import DBAPIError
 
 from ..deploy import forks
 
@@ -95,17 +94,12 @@ def _ping(dbtune, health, future):
 
 
 def _select_one(engine):
-    """``SELECT 1`` on ``engine``; once more on a new connection when the
-    pooled one was found dropped (a database restarted, a proxy that
-    closes idle connections), which SQLAlchemy then invalidates."""
-    try:
-        with engine.connect() as connection:
-            connection.execute(select(literal_column('1')))
-    except DBAPIError as exc:
-        if not exc.connection_invalidated:
-            raise
-        with engine.connect() as connection:
-            connection.execute(select(literal_column('1')))
+    """``SELECT 1`` on ``engine``, the writer, whose pool tries a
+    connection as it is taken (``pool_pre_ping``): one found dropped (a
+    database restarted, a proxy that closes idle connections) is
+    replaced, not reported as the database being down."""
+    with engine.connect() as connection:
+        connection.execute(select(literal_column('1')))
 
 
 def _start_ping(dbtune, health, now):

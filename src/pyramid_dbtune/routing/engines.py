@@ -297,18 +297,10 @@ class Router:
         return seen.covers(position)
 
     def _read_on(self, engine, statement, params, max_rows, fill=False):
-        """A read on the writer, made read-only for the read alone; run
-        again, once, where its connection was found lost (the database
-        restarted, say: SQLAlchemy then renews the pool's connections)."""
+        """A read on the writer, made read-only for the read alone. The
+        writer's pool tries a connection as it is taken (``pool_pre_ping``):
+        one the database's restart cut is replaced, not failed on."""
         self.writer_reads += 1
-        try:
-            return self._read_once(engine, statement, params, max_rows, fill)
-        except DBAPIError as exc:
-            if not _lost(exc):
-                raise
-        return self._read_once(engine, statement, params, max_rows, fill)
-
-    def _read_once(self, engine, statement, params, max_rows, fill):
         with engine.connect() as connection:
             # A fill is stamped as a replica's is, with where the writer
             # was before the read: a client whose pin is later (a commit
