@@ -28,19 +28,18 @@ changed to it, and waits until the thread has heard of it (see
 """
 
 import hashlib
-import json
 import logging
 import os
 import threading
 import time
 import uuid
-from decimal import Decimal
 
 import sqlalchemy as sa
 
 from ..deploy import forks
 from ..sql.conditions import any_row, value_tag
 from ..sql.shapes import Change
+from .changelog import ChangeLog, forget_old
 from .triggers import (
     CHANNEL,
     ORIGIN,
@@ -56,8 +55,6 @@ log = logging.getLogger(__name__)
 MAX_BACKOFF = 2.0
 #: Seconds between two checks that the listener's connection still works.
 CHECK_EVERY = 5.0
-#: Seconds that MySQL's ``dbtune_changes`` keeps a change.
-KEEP_CHANGES = 3600
 #: MySQL: seconds a transaction may have been open, holding a change, when
 #: a listener connects, for the listener to wait for it.
 OPEN_FOR = 60
@@ -364,7 +361,7 @@ class Listener:
         while not self._stopping.wait(self.every):
             changes.read(connection, self.apply)
             if self._check(connection):
-                _forget_old(connection, changes.floor)
+                forget_old(connection, changes.floor)
 
     def _check(self, connection):
         """Every :data:`CHECK_EVERY` seconds, ask the database something:
@@ -388,89 +385,6 @@ def _shared_origin(settings):
         f'{settings.cache_secret}'
     )
     return f'memcached {hashlib.sha256(shared.encode()).hexdigest()[:16]}'
-
-
-def _forget_old(connection, floor):
-    """Delete the changes older than :data:`KEEP_CHANGES`, up to ``floor``.
-    One by one, by id: a scan would wait on a change not yet committed,
-    and hold up the listener."""
-    old = connection.exec_driver_sql(
-        f'SELECT id FROM {CHANNEL} WHERE id <= %s AND at < NOW(6) - '
-        f'INTERVAL {KEEP_CHANGES} SECOND ORDER BY id LIMIT 1000',
-        (floor,),
-    ).scalars()
-    ids = ', '.join(map(str, old))
-    if ids:
-        connection.exec_driver_sql(
-            f'DELETE FROM {CHANNEL} WHERE id IN ({ids})'
-        )
-
-
-class ChangeLog:
-    """What a MySQL listener has read of ``dbtune_changes``: every id up
-    to ``floor``, and those in ``seen`` above it. An id missing below one
-    seen belongs to a transaction still open, or one rolled back."""
-
-    def __init__(self, floor):
-        self.floor = floor
-        self.seen = set()
-        #: ids missing: noted at the last read, or before
-        self.missing = set()
-
-    @property
-    def waiting(self):
-        """How many changes are waited for: their transactions may still
-        commit."""
-        return len(self.missing)
-
-    def read(self, connection, apply):
-        """Read what is new, and ``apply(table, rows)`` each change (none
-        where ``apply`` is ``None``)."""
-        # Noted at an earlier read: by now their rows are there, if their
-        # transactions still run (an id is taken, then its row added).
-        for id_ in sorted(self.missing):
-            try:
-                found = connection.exec_driver_sql(
-                    f'SELECT id, tbl, cols, origin FROM {CHANNEL} '
-                    'WHERE id = %s FOR UPDATE NOWAIT',
-                    (id_,),
-                ).all()
-            except sa.exc.OperationalError as exc:
-                if exc.orig.args[0] not in _LOCKED:
-                    raise
-                continue  # its transaction is open: wait
-            # Committed (then read here), or rolled back.
-            self._apply(found, apply)
-            self.missing.discard(id_)
-            self.seen.add(id_)
-        rows = connection.exec_driver_sql(
-            f'SELECT id, tbl, cols, origin FROM {CHANNEL} WHERE id > %s '
-            'ORDER BY id',
-            (self.floor,),
-        ).all()
-        self._apply(rows, apply)
-        if rows:
-            self.missing.update(
-                set(range(self.floor + 1, rows[-1][0])) - self.seen
-            )
-        while self.floor + 1 in self.seen:
-            self.floor += 1
-            self.seen.discard(self.floor)
-
-    def _apply(self, rows, apply):
-        for id_, table, cols, origin in rows:
-            if id_ not in self.seen:
-                self.seen.add(id_)
-                self.missing.discard(id_)
-                if apply is not None:  # the images, where it tells them
-                    changed = cols and json.loads(cols, parse_float=Decimal)
-                    apply(table, changed, origin)
-
-
-#: The error for a row locked by another transaction, at once with
-#: ``NOWAIT``: MariaDB's (a lock wait timeout), MySQL 8's
-#: (``ER_LOCK_NOWAIT``; no MySQL server runs in the tests).
-_LOCKED = frozenset([1205, 3572])
 
 
 def _engine(settings):
