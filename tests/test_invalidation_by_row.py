@@ -6,9 +6,11 @@ each write drops is asserted by the hits of the calls after it.
 """
 
 import contextlib
+import datetime
 import enum
 import logging
 import threading
+from decimal import Decimal
 
 import pytest
 import sqlalchemy as sa
@@ -20,6 +22,7 @@ from sqlalchemy.orm import (
 )
 
 from pyramid_dbtune.cache.changes import tags_of
+from pyramid_dbtune.routing.stored import Stores, stored_as_given, stores
 from pyramid_dbtune.routing.touched import ROWS_TOLD
 from pyramid_dbtune.sql.conditions import (
     foreign_reach,
@@ -229,6 +232,69 @@ def test_a_date_the_column_parses_otherwise_is_not_patched_in(
     assert call(app, read)['results'][0]['rows'] == [[1]]
     call(app, ('add', {'id': 3, 'day': written}))
     assert call(app, read)['results'][0]['rows'] == [[1], [3]]
+
+
+#: A value each column stores otherwise than it is given, and the read
+#: that finds its row only as stored: ``{database: table}``, the read's
+#: condition and argument, the first row's value, the row written.
+STORED_OTHERWISE = {
+    'a number as text, which the column rounds': (
+        dict.fromkeys(
+            ['postgresql', 'mysql'],
+            'listing (id INTEGER PRIMARY KEY, v DECIMAL(10, 1))',
+        ),
+        ('v > :p', '1.58'), '2.5', {'id': 2, 'v': '1.55'},
+    ),
+    'a time of day, which a DATE cuts': (
+        {'mysql': 'listing (id INTEGER PRIMARY KEY, v DATE)'},
+        ('v < :p', '2026-01-05 12:00'), "'2026-01-01'",
+        {'id': 2, 'v': '2026-01-05 23:59'},
+    ),
+    'no id, which the database assigns': (
+        {
+            'sqlite': 'listing (id INTEGER PRIMARY KEY, v INTEGER)',
+            'mysql': 'listing (id INTEGER PRIMARY KEY AUTO_INCREMENT, '
+            'v INTEGER)',
+        },
+        ('id > :p', 0), '10', {'id': None, 'v': 20},
+    ),
+    'a number, which a TEXT column stores as text': (
+        {'sqlite': 'listing (id INTEGER PRIMARY KEY, v TEXT)'},
+        ('v > :p', 10), "'50'", {'id': 2, 'v': 9},
+    ),
+}  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    'case, database',
+    [(c, d) for c, (tables, *_) in STORED_OTHERWISE.items() for d in tables],
+)
+def test_a_value_the_column_stores_otherwise_drops_the_table(
+    request, apps, case, database
+):
+    # The row the write adds is among the read's rows as stored, not as
+    # given: the cached read is dropped, not kept.
+    tables, (condition, argument), first, row = STORED_OTHERWISE[case]
+    url = request.getfixturevalue(f'{database}_url')
+    run_sql(
+        url,
+        f'CREATE TABLE {tables[database]}',
+        f'INSERT INTO listing (id, v) VALUES (1, {first})',
+    )
+    found = {
+        'name': 'found',
+        'sql': f'SELECT id FROM listing WHERE {condition} ORDER BY id',
+        'cache_time': 300,
+    }
+    add = {
+        'name': 'add',
+        'sql': 'INSERT INTO listing (id, v) VALUES (:id, :v)',
+    }
+    app = apps(url, [found, add], tables=False)
+    read = ('found', {'p': argument})
+    assert call(app, read)['results'][0]['rows'] == [[1]]
+    call(app, ('add', row))
+    assert call(app, read)['results'][0]['rows'] == [[1], [2]]
 
 
 PHOTOS = {
@@ -960,6 +1026,76 @@ def test_read_pins(sql, pins):
 )
 def test_writes_whose_rows_are_not_told(sql):
     assert write_shape(sql) is None
+
+
+def test_how_each_column_stores_what_a_write_gives(db_url):
+    run_sql(
+        db_url,
+        'CREATE TABLE kinds (id INTEGER PRIMARY KEY, n INTEGER NOT NULL, '
+        'd DECIMAL(10, 1), r FLOAT(20), x DOUBLE PRECISION, t VARCHAR(9), '
+        'day DATE)',
+        'CREATE TABLE pair (a INTEGER, b INTEGER, PRIMARY KEY (a, b))',
+    )
+    engine = sa.create_engine(db_url)
+    with engine.connect() as connection:
+        found = sa.inspect(connection).get_columns('kinds')
+        pair = sa.inspect(connection).get_columns('pair')
+    engine.dispose()
+    dialect = engine.dialect.name
+    kinds = stores(dialect, found)
+    sqlite = dialect == 'sqlite'
+    assert {c: kinds[c].kind for c in kinds} == {
+        # SQLite assigns an INTEGER PRIMARY KEY; no id of the others is
+        # declared to be assigned. SQLite's floats are all doubles.
+        'id': 'assigned' if sqlite else 'integer',
+        'n': 'integer',
+        'd': 'numeric' if sqlite else 'decimal',
+        'r': 'float' if sqlite else 'single',
+        'x': 'float',
+        't': 'text',
+        'day': 'other',
+    }
+    assert kinds['d'].scale == 1 and not kinds['n'].nullable
+    assert {s.kind for s in stores(dialect, pair).values()} == {'integer'}
+
+
+@pytest.mark.parametrize(
+    'kind, value, given',
+    [
+        (Stores('integer'), None, True),
+        (Stores('integer', nullable=False), None, False),
+        (Stores('assigned'), None, False),
+        (Stores('assigned'), 0, False),  # MySQL assigns one for 0
+        (Stores('assigned'), 7, True),
+        (Stores('integer'), 7, True),
+        (Stores('integer'), True, True),
+        (Stores('decimal', 1), 7, True),
+        (Stores('numeric'), 7, True),
+        (Stores('text'), 7, False),
+        (Stores('enum', members=2), 2, True),
+        (Stores('enum', members=2), 3, False),  # '', or MySQL's error
+        (Stores('enum', members=2), 0, False),
+        (Stores('enum', members=2), 'b', True),
+        (Stores('other'), 7, False),
+        (Stores('float'), 2**24, True),
+        (Stores('single'), -(2**24) - 1, False),
+        (Stores('decimal', 1), Decimal('1.5'), True),
+        (Stores('decimal', 1), Decimal('1E+3'), True),
+        (Stores('decimal', 1), Decimal('1.55'), False),
+        (Stores('decimal'), Decimal('1.55'), True),
+        (Stores('decimal'), Decimal('NaN'), False),
+        (Stores('numeric'), Decimal('1.5'), False),
+        (Stores('integer'), Decimal('1'), False),
+        (Stores('text'), 'it', True),
+        (Stores('text'), '01/15/2026', False),
+        (Stores('decimal', 1), '1.5', False),
+        (Stores('other'), '2026-01-05', False),
+        (Stores('float'), 0.5, False),
+        (Stores('other'), datetime.date(2026, 1, 5), False),
+    ],
+)
+def test_which_values_a_column_stores_as_given(kind, value, given):
+    assert stored_as_given(kind, value) is given
 
 
 def test_write_shapes():

@@ -1,9 +1,12 @@
 """What the writer's catalog tells of the tables a write changes, read
-once a table: their columns, those the database sets itself, and the
-tables their foreign keys' actions change in turn."""
+once a table: their columns and how they store what they are given,
+those the database sets itself, and the tables their foreign keys'
+actions change in turn."""
 
 import sqlalchemy as sa
 from sqlalchemy.dialects import mysql
+
+from .stored import stores
 
 #: Whether a table has a trigger that may change the rows written, by
 #: dialect: one that runs before they are written on MySQL, whose later
@@ -115,7 +118,8 @@ class Schema:
     def __init__(self, dialect):
         self.dialect = dialect
         #: table: its columns, those the database sets itself, its enums,
-        #: whether it replaces the rows a write conflicts with
+        #: whether it replaces the rows a write conflicts with, how its
+        #: columns store values
         self._columns = {}
         #: table: the tables whose foreign keys act on a change of it
         self._children = None
@@ -125,6 +129,12 @@ class Schema:
         as ``session``'s connection finds them (once); none if it does
         not."""
         return self._table(session, table)[0]
+
+    def stores(self, session, table):
+        """``{column: Stores}``: how each of ``table``'s columns stores
+        the values a write gives it
+        (:class:`~pyramid_dbtune.routing.stored.Stores`)."""
+        return self._table(session, table)[4]
 
     def sets_itself(self, session, table):
         """The columns of ``table`` whose values the database may set
@@ -178,6 +188,7 @@ class Schema:
                     if isinstance(c['type'], mysql.ENUM)
                 },
                 replaces,
+                stores(self.dialect, found),
             )
         return known
 

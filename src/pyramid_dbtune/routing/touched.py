@@ -5,8 +5,9 @@ the listener's notices are matched with."""
 import sqlalchemy as sa
 
 from ..sql.conditions import any_row, told, value_tag
-from ..sql.shapes import Change, parsed_otherwise
+from ..sql.shapes import Change
 from .schema import aliases
+from .stored import stored_as_given
 
 #: A write that touches more rows than this drops its table's reads whole.
 MAX_ROWS_TOLD = 100
@@ -26,17 +27,6 @@ _LOCKS = {
     ('sqlite', True): '',
     ('postgresql', False): '\nFOR NO KEY UPDATE',
 }
-
-
-def _stored_as_given(value):
-    """Whether a database stores ``value`` as it is: not a float or a
-    decimal, which a column rounds to its scale (4.6 into an INTEGER is
-    5), nor a date or time, which a column may cut or move to its zone,
-    nor their text where a column may parse it otherwise (an offset a
-    TIMESTAMP drops, a date month first)."""
-    if isinstance(value, str):
-        return not parsed_otherwise(value)
-    return value is None or isinstance(value, int)
 
 
 def _tags(unit, session, table, columns, rows):
@@ -87,8 +77,12 @@ def touched(unit, method, params, session):
         unit.count_untold(method.name, True)
         return (any_row(table),), None, None
     new = {c: params.get(shape.sets[c]) for c in columns if c in shape.sets}
-    if table in watched and not all(map(_stored_as_given, new.values())):
-        # Its rows as they will be cannot be matched with the reads.
+    stores = unit.router.schema.stores(session, table)
+    if table in watched and not all(
+        stored_as_given(stores[c], value) for c, value in new.items()
+    ):
+        # Its rows as they will be cannot be matched with the reads: a
+        # value the column converts, rounds or assigns itself.
         unit.count_untold(method.name, True)
         return (any_row(table),), None, None
     if shape.where is None:  # an INSERT
