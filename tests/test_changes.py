@@ -835,3 +835,46 @@ def test_a_change_told_by_a_trigger_made_before_images_drops_by_row(
     listener.apply('property', [{'area': 'Burley', 'id': 4}])
     hits = [call(app, read)['cache']['hit'] for read in READS]
     assert hits == [1, 0, 1, 1, 0, 0]
+
+
+@pytest.mark.parametrize('listen', [False, True])
+def test_a_single_precision_float_compared_drops_its_reads(
+    server_url, apps, listen
+):
+    """A REAL (PostgreSQL) or FLOAT (MariaDB) column holds 0.1 as the
+    float nearest it, read as 0.1 but compared with an argument as
+    0.100000001490116...: more than 0.1. A change of its rows is not
+    matched with, nor patched into, the reads that compare it: they are
+    dropped, with the listener or without."""
+    outside(
+        server_url,
+        'CREATE TABLE reading (id INTEGER PRIMARY KEY, x FLOAT(20))',
+        'INSERT INTO reading VALUES (1, 0.1), (2, 0.5)',
+    )
+    above = {
+        'name': 'above',
+        'sql': 'SELECT id, x FROM reading WHERE x > :p ORDER BY id',
+        'cache_time': 300,
+    }
+    counted = {
+        'name': 'counted',
+        'sql': 'SELECT count(*) FROM reading WHERE x > :p',
+        'cache_time': 300,
+    }
+    gone = {'name': 'gone', 'sql': 'DELETE FROM reading WHERE id = :id'}
+    methods = [above, counted, gone]
+    app = apps(server_url, methods, tables=False)
+    if listen:
+        engine = sa.create_engine(server_url, poolclass=sa.pool.NullPool)
+        triggers.install(
+            engine, triggers.tables_to_watch(app.app.registry.dbtune)
+        )
+        engine.dispose()
+        app = apps(server_url, methods, LISTEN, tables=False)
+        assert app.app.registry.dbtune.listener.listening.wait(10)
+    reads = [('above', {'p': 0.1}), ('counted', {'p': 0.1})]
+    found = [r['rows'] for r in call(app, *reads)['results']]
+    assert found == [[[1, 0.1], [2, 0.5]], [[2]]]
+    call(app, ('gone', {'id': 1}))
+    found = [r['rows'] for r in call(app, *reads)['results']]
+    assert found == [[[2, 0.5]], [[1]]]

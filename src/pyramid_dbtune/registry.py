@@ -123,6 +123,9 @@ class DBTune:
         #: table: the columns that cached reads of it need told, to match
         #: a change against their conditions and patch it in
         self.watched = {}
+        #: table: the columns that cached reads of it compare with their
+        #: arguments (a single-precision float's tells no row by value)
+        self.compared = {}
         #: with ``dbtune.cache.listen``, the thread that hears of changes
         #: (:class:`~pyramid_dbtune.cache.changes.Listener`)
         self.listener = None
@@ -223,6 +226,8 @@ class DBTune:
         if shape is not None and cache_time:
             watched = self.watched.setdefault(shape.table, set())
             watched.update(shape.columns)
+            compared = self.compared.setdefault(shape.table, set())
+            compared.update(c for c, _, _ in shape.conditions)
             # Changes the database tells are applied to the rows the
             # process holds, where fills tell which changes they hold. The
             # app's own writes are matched, never applied: without the

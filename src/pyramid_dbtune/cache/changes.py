@@ -37,6 +37,7 @@ import uuid
 import sqlalchemy as sa
 
 from ..deploy import forks
+from ..routing.stored import inexact_tables
 from ..sql.conditions import any_row, value_tag
 from ..sql.shapes import Change
 from .changelog import ChangeLog, forget_old
@@ -104,8 +105,10 @@ class Listener:
         #: was dropped; commits of the app not heard of in time.
         self.notices = self.own = 0
         self.connects = self.failures = self.drops = self.late = 0
-        #: The tables that have the package's triggers, as last connected.
-        self.triggered = frozenset()
+        #: The tables that have the package's triggers, as last connected;
+        #: of them, those whose rows are not told by value
+        #: (:func:`~pyramid_dbtune.routing.stored.inexact`).
+        self.triggered = self.inexact = frozenset()
         self._expected = {}
         self._expected_lock = threading.Lock()
         #: MySQL: what was read of the changes (a :class:`ChangeLog`).
@@ -220,6 +223,14 @@ class Listener:
                     'result was dropped'
                 )
         self.triggered = frozenset(watched(connection))
+        self.inexact = inexact_tables(
+            connection,
+            {
+                table: columns
+                for table, columns in self.dbtune.compared.items()
+                if table in self.triggered
+            },
+        )
         self.schemas = schemas_of(connection)
         missing = sorted(set(tables_to_watch(self.dbtune)) - self.triggered)
         if missing:
@@ -323,7 +334,7 @@ class Listener:
         else:
             old, new = tuple(told.get('old', ())), tuple(told.get('new', ()))
             rows = [*old, *new]
-            if table in self.dbtune.watched:
+            if table in self.dbtune.watched and table not in self.inexact:
                 changes = [Change(table, old, new, xid)]
         tags = tags_of(table, rows, self.dbtune.pinned)
         self.dbtune.cache.invalidate(tags, changes)

@@ -102,3 +102,28 @@ def stored_as_given(column, value):
             )
         )
     return False
+
+
+def inexact(stores, columns):
+    """Whether one of ``columns`` is a single-precision float (of those
+    ``stores`` tells, ``{column: Stores}``): its value, read, is the
+    shortest decimal of the float (0.1), which the database widens to
+    compare it with an argument (0.100000001490116...). A row image does
+    not tell how it compares."""
+    return any(
+        column in stores and stores[column].kind == 'single'
+        for column in columns
+    )
+
+
+def inexact_tables(connection, compared):
+    """The tables of ``compared`` (``{table: the columns reads compare}``)
+    where one of those columns is :func:`inexact`, as ``connection``
+    finds them."""
+    inspector = sa.inspect(connection)
+    dialect = connection.dialect.name
+    return frozenset(
+        table
+        for table, columns in compared.items()
+        if inexact(stores(dialect, inspector.get_columns(table)), columns)
+    )
