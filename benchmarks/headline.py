@@ -490,8 +490,9 @@ class Checker(Client):
         """``(stale, missing, checks)``: searches that showed a watched
         property older than an update committed ``allowed`` seconds before
         they began (``outside`` seconds, for one made straight in the
-        database) allows, searches that did not show one at all, and how
-        many of the checks could have failed. ``turns_only``: seconds
+        database), or did not show it at all; searches that did not show
+        one before any such update; and how many of the checks could have
+        failed. ``turns_only``: seconds
         counted while the form was asked for (:meth:`asked_for`) only."""
         stale, missing, checks = [], [], 0
         outside = allowed if outside is None else outside
@@ -509,14 +510,15 @@ class Checker(Client):
                     ),
                     default=None,
                 )
-                if id not in seen:
-                    missing.append((round(started, 2), id))
-                    continue
                 if newest is None:
+                    if id not in seen:
+                        missing.append((round(started, 2), id))
                     continue
                 checks += 1
-                if seen[id] < newest:
-                    stale.append((round(started, 2), id, seen[id], newest))
+                # Every update leaves its property among the rows searched
+                # for: a search that does not show it shows an older state.
+                if id not in seen or seen[id] < newest:
+                    stale.append((round(started, 2), id, seen.get(id), newest))
         return stale, missing, checks
 
 

@@ -157,6 +157,22 @@ def test_headline_counts_a_cache_time_on_its_forms_clock(monkeypatch):
     assert checker.verdict(8, turns_only=True)[0] == [(105.0, 1, 1, 2)]
 
 
+def test_headline_takes_a_row_missing_after_an_update_for_stale(monkeypatch):
+    """Every update puts its property among the searched rows: a search
+    that leaves it out after the update shows an older state, not a
+    search the checker cannot judge."""
+    monkeypatch.syspath_prepend(str(BENCHMARKS))
+    import headline
+
+    checker = headline.Checker(0, [1, 2], headline.Days(), 'unused')
+    checker.updates = [(5.0, 1, 2, False)]
+    checker.searches = [(3.0, {}), (10.0, {2: 0})]
+    stale, missing, checks = checker.verdict(1)
+    assert stale == [(10.0, 1, None, 2)]
+    assert missing == [(3.0, 1), (3.0, 2)]
+    assert checks == 1
+
+
 def test_headline_refuses_rounds_it_cannot_run(monkeypatch, capsys):
     # Before wrk, the database and the servers: a line, not a traceback.
     monkeypatch.syspath_prepend(str(BENCHMARKS))
