@@ -123,19 +123,17 @@ def test_headline(tmp_path, postgresql_url):
 
 def test_headline_checker_catches_a_stale_cache(postgresql_url):
     # The tuned searches cached for an hour, checked against one second:
-    # the checker must see stale reads, and the run must fail. The
-    # baseline beside it, checked the same way, shows none (the other
-    # forms are test_headline's).
+    # the checker must see stale reads, and the run must fail (the other
+    # forms, clean, are test_headline's).
     done = subprocess.run(
         [sys.executable, str(BENCHMARKS / 'headline.py'), '--quick',
-         '--stale-cache', '--chart', '', '--forms', 'baseline,tuned'],
+         '--stale-cache', '--chart', '', '--forms', 'tuned'],
         capture_output=True, text=True, timeout=600,
     )  # fmt: skip
     assert done.returncode == 1, done.stdout + done.stderr
     stale = re.search(r'^tuned checks: .* (\d+) of them able to fail .*: '
                       r'(\d+) stale', done.stdout, re.M)  # fmt: skip
     assert stale and int(stale[2]) > 0, done.stdout
-    assert re.search(r'^baseline checks: .*: 0 stale', done.stdout, re.M)
 
 
 def test_headline_counts_a_cache_time_on_its_forms_clock(monkeypatch):
