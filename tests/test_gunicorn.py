@@ -541,11 +541,13 @@ def test_each_worker_takes_its_share_of_keep_alive_clients(gunicorn):
     """Each worker listens on a socket of its own (reuse_port), and the
     kernel shares new connections among them: clients that connect at
     once and keep their connections reach both workers, whichever was
-    free first."""
+    free first. The kernel picks a socket by a hash of the connection's
+    ports: of 32 clients, fewer than 4 reach one worker once in 400,000
+    runs (16 clients and 3, once in 240)."""
     url = gunicorn('--workers', '2', workers=2)
     port = int(url.rsplit(':', 1)[1])
     assert listening_sockets(port) == 2
-    together = threading.Barrier(16)
+    together = threading.Barrier(32)
 
     def client(_):
         connection = http.client.HTTPConnection('127.0.0.1', port, timeout=30)
@@ -562,11 +564,11 @@ def test_each_worker_takes_its_share_of_keep_alive_clients(gunicorn):
         finally:
             connection.close()
 
-    with ThreadPoolExecutor(16) as pool:
-        answered = list(pool.map(client, range(16)))
+    with ThreadPoolExecutor(32) as pool:
+        answered = list(pool.map(client, range(32)))
     assert all(len(pids) == 1 for pids in answered)
     workers = collections.Counter(next(iter(p)) for p in answered)
-    assert len(workers) == 2 and min(workers.values()) >= 3, workers
+    assert len(workers) == 2 and min(workers.values()) >= 4, workers
 
 
 def test_child_exit_without_several_processes_does_nothing(monkeypatch):
