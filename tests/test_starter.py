@@ -220,3 +220,47 @@ def test_a_thread_local_session_is_its_own_again_after_its_request(
     scoped.remove()
     app.app.registry.dbtune.router.dispose()
     engine.dispose()
+
+
+def test_the_starters_own_functional_tests_see_their_session(starter):
+    """The starter's tests hand the request their own session, rows
+    flushed in a transaction they keep open and abort (``tm.active``,
+    ``tm.manager``, ``app.dbsession``): the request reads and writes in
+    it, and its SQL methods too; nothing it does is committed, or
+    aborted before the test ends it."""
+    app, log = starter()
+    router = app.app.registry.dbtune.router
+    tm = transaction.TransactionManager(explicit=True)
+    tm.begin()
+    tm.doom()
+    from starter.models import MyModel, get_tm_session
+
+    dbsession = get_tm_session(app.app.registry['dbsession_factory'], tm)
+    one = dbsession.query(MyModel).filter_by(name='one').one()
+    one.value = 55
+    dbsession.flush()
+    try:
+        environ = {
+            'tm.active': True,
+            'tm.manager': tm,
+            'app.dbsession': dbsession,
+        }
+        assert app.get('/', extra_environ=environ).json['value'] == 55
+        assert app.get('/price', extra_environ=environ).json == {'value': 55}
+        assert app.get(
+            '/rename', {'value': 7}, extra_environ=environ
+        ).json == {'value': 7}
+        assert app.get('/price', extra_environ=environ).json == {'value': 7}
+        assert log.count('FROM models', 'reader0') == 0
+        assert tm.get().isDoomed()  # not aborted by the request
+        # Its write slot is held until the test ends the transaction.
+        assert not router.write_slots.acquire(blocking=False)
+        dbsession.refresh(one)
+        assert one.value == 7
+    finally:
+        tm.abort()
+    assert router.write_slots.acquire(blocking=False)
+    router.write_slots.release()
+    # Nothing committed, nothing cached.
+    assert app.get('/price').json == {'value': 1}
+    assert app.get('/').json['value'] == 1

@@ -124,7 +124,7 @@ class BoundSQLMethod:
         unit = context.unit
         if unit._session is not None:
             unit.flush()
-        if method.writes or unit.dirty or unit.settings:
+        if method.writes or unit.dirty or unit.settings or unit.stays:
             context.cache['uncached'] += 1
             return context.execute(method, params)
         if not self.cache_time or unit.pinned:

@@ -29,9 +29,7 @@ from zope.sqlalchemy import mark_changed, register
 from ..cache.triggers import CHANNEL
 from ..sql.conditions import any_row, foreign_reach
 from .connect import fetch
-from .errors import (
-    WriteSlotTimeout,
-)
+from .errors import WriteSlotTimeout
 from .lag import NO_POSITION, read_pin, sign_pin
 from .pins import PIN_COOKIE, PIN_FOR, parent_of, time_pin
 from .touched import touched
@@ -64,6 +62,9 @@ class UnitOfWork:
         #: SQL methods run in the session, which it applies to.
         self.settings = []
         self.write_wait = 0.0
+        #: True when its session came at work (:meth:`adopt`): it stays
+        #: on its own connection, where its uncommitted rows are seen.
+        self.stays = False
         self._session = self._reader = None
         #: The transaction it serves, once it serves one.
         self._txn = None
@@ -131,8 +132,10 @@ class UnitOfWork:
         that ended before it wrote."""
         self.request = request
         self._read_pin(request)
-        if self._session is not None and not request.registry.dbtune.adopts:
-            self.adopt(self._session)  # a reader for its pin
+        if self._session is not None and (
+            self.stays or not request.registry.dbtune.adopts
+        ):  # a reader for its pin; or held again
+            self.adopt(self._session)
 
     def _join(self, txn):
         """Serve transaction ``txn``: the unit its requests share."""
@@ -178,7 +181,7 @@ class UnitOfWork:
                 return
             # Clean, it lets go of the request: what comes next in the
             # transaction is served by it (:meth:`of`).
-            if self.dirty:
+            if self.dirty and not self.stays:
                 log.error('a write transaction outlived its request; aborting')
                 txn.abort()
         if request.registry.dbtune.adopts:
@@ -221,7 +224,11 @@ class UnitOfWork:
         until the unit writes, its flushes that change rows take the write
         slot, and their tables are invalidated when the transaction
         commits. It must join ``request.tm`` (zope.sqlalchemy's
-        ``register``)."""
+        ``register``). One given at work, in a transaction its caller
+        keeps (as the starter's tests hand theirs over), :attr:`stays`:
+        SQL methods run in it, and the caller ends the transaction."""
+        if UNIT not in session.info and session.in_transaction():
+            self.stays = True
         self._session = session
         # Its bind before any unit routed it (a subrequest in the same
         # transaction adopts it again).
@@ -232,7 +239,8 @@ class UnitOfWork:
             else self.router.reader_engine(self.position)
         )
         session.info[UNIT] = self
-        session.bind = self._engine()
+        if not self.stays:
+            session.bind = self._engine()
 
     def _engine(self):
         # A session's engine: the writer once its transaction has written,
@@ -278,7 +286,7 @@ class UnitOfWork:
             txn.addAfterCommitHook(self._after_commit)
             txn.addAfterAbortHook(self._finish)
             self._let_go_of_the_reader()
-            if self._session is not None:
+            if self._session is not None and not self.stays:
                 self._session.bind = self.router.writer
         if tables is None:
             self._all_tables = True
@@ -474,7 +482,7 @@ class UnitOfWork:
         if self.dirty:
             self.dirty = False
             self.router.write_slots.release()
-            if self._session is not None:
+            if self._session is not None and not self.stays:
                 # Its reads from now on must see the commit: a reader
                 # that has replayed it, or the writer.
                 self._reader = self.router.reader_engine(self.position)
