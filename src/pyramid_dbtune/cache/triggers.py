@@ -11,6 +11,7 @@ Both send the writer's :data:`ORIGIN`, so that a listener can pass over
 what the app's own commits dropped already.
 """
 
+import hashlib
 import json
 from decimal import Decimal
 
@@ -141,6 +142,21 @@ _MY_EVENTS = {
     'update': ('OLD', 'NEW'),
     'delete': ('OLD',),
 }
+#: MySQL's longest name, of a trigger as of a table.
+_MY_LONGEST = 64
+
+
+def _my_trigger(event, table):
+    """MySQL's name of ``table``'s trigger of ``event``,
+    ``dbtune_{event}_{table}``. Trigger names are unique in a database,
+    so a name longer than MySQL takes is cut, and ends with a hash of the
+    whole table name after a ``$``, which no plain table name holds: two
+    tables that begin alike never share their triggers."""
+    name = f'dbtune_{event}_{table}'
+    if len(name) <= _MY_LONGEST:
+        return name
+    digest = hashlib.sha1(table.encode(), usedforsecurity=False).hexdigest()
+    return f'{name[: _MY_LONGEST - 9]}${digest[:8]}'
 
 
 def trigger_sql(engine, tables, drop=False):
@@ -162,7 +178,7 @@ def trigger_sql(engine, tables, drop=False):
             name = (
                 f'dbtune_{event}'
                 if dialect == 'postgresql'
-                else _quote(engine, f'dbtune_{event}_{table}'[:64])
+                else _quote(engine, _my_trigger(event, table))
             )
             on = f' ON {quoted}' if dialect == 'postgresql' else ''
             statements.append(f'DROP TRIGGER IF EXISTS {name}{on}')
@@ -266,6 +282,6 @@ def watched(connection):
         return {
             table
             for table, name in found
-            if name == f'dbtune_update_{table}'[:64]
+            if name == _my_trigger('update', table)
         }
     return set(found.scalars())
