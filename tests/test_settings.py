@@ -354,3 +354,23 @@ def test_a_setting_added_after_the_include_is_an_error(sqlite_url):
     assert 'dbtune.stats changed after pyramid_dbtune was included' in message
     assert "before config.include('pyramid_dbtune')" in message
     config.registry.dbtune.router.dispose()
+
+
+def test_a_setting_re_added_with_the_same_meaning_is_no_change(sqlite_url):
+    # Pyramid apps often convert their settings in place, or add them
+    # again as numbers: the same value is no change to refuse.
+    config = Configurator(
+        settings={
+            'dbtune.url': sqlite_url,
+            'dbtune.cache.max_entries': '5',
+            'dbtune.stats': 'yes',
+            'dbtune.stats.token': 'x' * 16,
+            'dbtune.cache.default_time': '',  # the default
+        }
+    )
+    config.include('pyramid_dbtune')
+    config.add_settings({'dbtune.cache.max_entries': 5, 'dbtune.stats': True})
+    del config.registry.settings['dbtune.cache.default_time']
+    config.make_wsgi_app()
+    config.registry.dbtune.router.dispose()
+

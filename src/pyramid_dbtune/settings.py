@@ -323,10 +323,22 @@ def check_unchanged(settings, included):
     """Raise if ``settings`` now say otherwise than ``included``, what
     :func:`read` gave when pyramid_dbtune was included: engines, cache and
     views were made of those, and a later ``config.add_settings`` would be
-    ignored without a word."""
+    ignored without a word. A value that means what it meant (``5`` for
+    ``'5'``, ``True`` for ``'yes'``) is no change."""
     now = read(settings)
-    changed = sorted(k for k in now.keys() | included.keys()
-                     if now.get(k) != included.get(k))  # fmt: skip
+    differ = [k for k in now.keys() | included.keys()
+              if now.get(k) != included.get(k)]  # fmt: skip
+    if not differ:
+        return
+    was = parse(included)
+
+    def changes(name):  # ``name`` alone as it is now
+        given = {k: v for k, v in included.items() if k != name}
+        if name in now:
+            given[name] = now[name]
+        return parse(given) != was
+
+    changed = sorted(filter(changes, differ))
     if changed:
         raise ConfigurationError(
             f'{", ".join(changed)} changed after pyramid_dbtune was '
