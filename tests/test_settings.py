@@ -374,3 +374,9 @@ def test_a_setting_re_added_with_the_same_meaning_is_no_change(sqlite_url):
     config.make_wsgi_app()
     config.registry.dbtune.router.dispose()
 
+
+def test_read_urls_without_a_writer_is_an_error():
+    # Replicas with no writer would route nothing, without a word.
+    config = Configurator(settings={'dbtune.read_urls': 'sqlite://'})
+    with pytest.raises(ConfigurationError, match='read_urls is set, but'):
+        config.include('pyramid_dbtune')

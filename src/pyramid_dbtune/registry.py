@@ -109,6 +109,11 @@ class DBTune:
 
     def __init__(self, settings):
         self.settings = settings
+        if settings.read_urls and not settings.url:
+            raise ConfigurationError(
+                'dbtune.read_urls is set, but neither dbtune.url nor '
+                'sqlalchemy.url is: replicas read for a writer'
+            )
         self.router = Router(settings) if settings.url else None
         self.cache = make_cache(settings)
         self.methods = {}
