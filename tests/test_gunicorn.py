@@ -90,7 +90,8 @@ def test_defaults_from_the_host_and_flags_win(monkeypatch):
     assert config_module.default_workers({}) == probes.usable_cores()
     assert (cfg.threads, cfg.worker_class_str) == (4, 'gthread')
     assert cfg.preload_app is True  # as the README says
-    assert cfg.reuse_port is True  # a socket per worker: shared evenly
+    # A socket per worker, shared evenly; one socket for one worker.
+    assert cfg.reuse_port is (cfg.workers > 1)
     assert cfg.post_fork is config_module.post_fork
     cfg = gunicorn_config(monkeypatch, '--workers', '3', '--threads', '1',
                           '-k', 'sync')  # fmt: skip
@@ -576,3 +577,22 @@ def test_child_exit_without_several_processes_does_nothing(monkeypatch):
 
     monkeypatch.delenv('PROMETHEUS_MULTIPROC_DIR', raising=False)
     config_module.child_exit(None, SimpleNamespace(pid=1))  # no error
+
+
+def test_one_worker_restarting_refuses_no_connection(gunicorn):
+    """With one worker, the master keeps the one socket (no reuse_port):
+    a connection made while the worker restarts waits for the next."""
+    url = gunicorn('--max-requests', '5', env={'WEB_CONCURRENCY': '1'})
+    port = int(url.rsplit(':', 1)[1])
+    pids = set()
+    for _ in range(30):  # six workers, one after the other
+        connection = http.client.HTTPConnection('127.0.0.1', port, timeout=30)
+        try:
+            connection.request(
+                'GET', '/_dbtune/probe/io?ms=0',
+                headers={'X-Dbtune-Token': TOKEN},
+            )  # fmt: skip
+            pids.add(json.loads(connection.getresponse().read())['pid'])
+        finally:
+            connection.close()
+    assert len(pids) >= 5

@@ -19,14 +19,17 @@ gunicorn applies them after the config file):
   requests wait on the database, memcached or the client. For sync
   workers give ``-k sync --threads 1``: gunicorn runs a sync worker with
   more than one thread as gthread (``post_worker_init`` warns).
-* ``reuse_port``: on. Each worker listens on a socket of its own
-  (``SO_REUSEPORT``, gunicorn 22 and later), and the kernel shares new
-  connections among them. On one shared socket, whichever worker is free
-  first takes every connection that comes at once, and keeps it for as
-  long as its client keeps it alive: under 32 keep-alive clients one
-  worker at times took them all, and the site ran on one core. A config
-  of your own sets ``reuse_port = False`` where a second server binding
-  the same address must fail rather than share it.
+* ``reuse_port``: on with two workers or more. Each worker listens on a
+  socket of its own (``SO_REUSEPORT``, gunicorn 22 and later), and the
+  kernel shares new connections among them. On one shared socket,
+  whichever worker is free first takes every connection that comes at
+  once, and keeps it for as long as its client keeps it alive: under 32
+  keep-alive clients one worker at times took them all, and the site ran
+  on one core. A worker's socket goes with it, though: see the
+  deployment docs for restarts. With one worker it is off, and the
+  master keeps the one socket while its worker restarts. A config of
+  your own sets ``reuse_port`` where a second server binding the same
+  address must fail rather than share it.
 
 The hooks are what makes ``--preload`` safe, and are correct under any
 config: one of your own takes them with
@@ -66,7 +69,7 @@ workers = default_workers()
 preload_app = True
 threads = THREADS_PER_WORKER
 worker_class = 'gthread'
-reuse_port = True
+reuse_port = workers > 1
 
 
 def threads_of(cfg):
