@@ -18,7 +18,7 @@ from pyramid.interfaces import ITweens
 from pyramid.request import Request
 from webtest import TestApp
 
-from pyramid_dbtune.ops import access, stats
+from pyramid_dbtune.ops import access, carrier, stats
 from pyramid_dbtune.ops import tween as tweens
 
 from conftest import (
@@ -656,38 +656,53 @@ def test_after_fork_starts_afresh(sqlite_url, apps):
 
 
 def test_a_request_does_not_fail_for_its_figures(
-    sqlite_url, monkeypatch, tmp_path, caplog
+    sqlite_url, monkeypatch, caplog
 ):
-    # With PROMETHEUS_MULTIPROC_DIR, the first count starts a thread that
-    # carries the figures; a process out of threads (a container's pids
-    # limit) cannot start it.
-    monkeypatch.setenv('PROMETHEUS_MULTIPROC_DIR', str(tmp_path))
-    monkeypatch.setattr(stats, 'TICK', 0.05)
     app = make_app(sqlite_url, [SEARCH], ON)
     runtime = app.app.registry.dbtune
-    start = threading.Thread.start
 
-    def out_of_threads(thread):
-        if thread.name == 'dbtune-stats-carry':
-            raise RuntimeError("can't start new thread")
-        start(thread)
+    def out_of_space(*args):
+        raise OSError(28, 'No space left on device')
 
-    monkeypatch.setattr(threading.Thread, 'start', out_of_threads)
-    monkeypatch.setattr(stats, 'TICK', 0)  # each request ticks, and fails
+    monkeypatch.setattr(runtime.stats, 'count', out_of_space)
     for _ in range(2):
         call(app, ('search', {'area': 'Burley'}))
-    monkeypatch.setattr(stats, 'TICK', 0.05)
     said = [r for r in caplog.records if 'could not be counted' in r.message]
     assert len(said) == 1 and said[0].exc_info  # once
-    # Nothing is left running, and the thread is tried again.
+    # Nothing is left running.
     assert runtime.stats.in_flight() == 0 and not runtime.active
-    monkeypatch.setattr(threading.Thread, 'start', start)
+    runtime.close()
 
-    def carried():
-        call(app, ('search', {'area': 'Burley'}))
-        return CARRIER in [t.name for t in threading.enumerate()]
 
-    until(carried)
+def test_a_process_carries_from_its_start_serving_or_not(
+    sqlite_url, monkeypatch, tmp_path
+):
+    # With PROMETHEUS_MULTIPROC_DIR, a process carries what it counts
+    # whether or not it has served a request: from its set-up, and in a
+    # child forked from it (gunicorn --preload) from the fork. No request
+    # nor scrape here: only the process's own thread carries.
+    monkeypatch.setenv('PROMETHEUS_MULTIPROC_DIR', str(tmp_path))
+    app = make_app(sqlite_url, [SEARCH], ON)
+    runtime = app.app.registry.dbtune
+    cache = runtime.cache
+
+    def misses():
+        return runtime.stats.registry.get_sample_value(
+            'dbtune_cache_events_total', {'event': 'misses'}
+        )
+
+    def in_a_worker():
+        cache.get_or_fill('child', 60, (), lambda: [(1,)])
+        until(lambda: misses() == 1)  # its own, not the parent's
+        return True
+
+    cache.get_or_fill('parent', 60, (), lambda: [(1,)])
+    until(lambda: misses() == 1)
+    assert in_a_child(in_a_worker)
+    # What is left when the process exits is carried then (atexit).
+    cache.get_or_fill('last', 60, (), lambda: [(1,)])
+    carrier.carry_at_exit()
+    assert misses() == 2
     runtime.close()
 
 
@@ -839,6 +854,77 @@ def test_metrics_add_up_gunicorn_workers(tmp_path):
         assert not [f for f in files if f.startswith('dbtune_')], files
         histograms = [f for f in files if f.startswith('histogram_')]
         assert len(histograms) >= 2, files
+    finally:
+        server.terminate()
+        server.wait(20)
+
+
+def test_a_worker_that_exits_carries_what_it_counted(tmp_path):
+    # gunicorn recycles a worker after --max-requests (as on a reload):
+    # what it counted since its thread last carried is carried as it
+    # exits, not lost.
+    import socket
+    import urllib.request
+
+    url = f'sqlite:///{tmp_path / "app.sqlite"}'
+    (tmp_path / 'statsapp.py').write_text(
+        GUNICORN_APP % {**ON, 'dbtune.url': url}
+    )
+    metrics_dir = tmp_path / 'metrics'
+    metrics_dir.mkdir()
+    with socket.socket() as s:
+        s.bind(('127.0.0.1', 0))
+        port = s.getsockname()[1]
+    from gunicorn.config import KNOWN_SETTINGS
+
+    quiet = [
+        '--no-control-socket'
+        for s in KNOWN_SETTINGS
+        if s.name == 'control_socket_disable'
+    ]
+    server = subprocess.Popen(
+        [sys.executable, '-m', 'gunicorn', '--workers', '1',
+         '--max-requests', '10', '--max-requests-jitter', '0',
+         '--bind', f'127.0.0.1:{port}', *quiet,
+         '--chdir', str(tmp_path), 'statsapp:application'],
+        env={**os.environ, 'PROMETHEUS_MULTIPROC_DIR': str(metrics_dir)},
+        stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+    )  # fmt: skip
+
+    def hello():
+        request = f'http://127.0.0.1:{port}/hello'
+        with urllib.request.urlopen(request, timeout=10) as response:
+            return json.loads(response.read())['pid']
+
+    def queries():
+        every = CollectorRegistry()
+        multiprocess.MultiProcessCollector(every, path=metrics_dir)
+        return sum(
+            sample.value
+            for family in every.collect()
+            for sample in family.samples
+            if sample.name == 'dbtune_route_queries_total'
+        )
+
+    try:
+        deadline = time.monotonic() + 30
+        while True:
+            try:
+                first = hello()
+                break
+            except OSError:
+                assert time.monotonic() < deadline, server.stderr.read()
+                time.sleep(0.1)
+        # Its 10th request is its last: the next is the next worker's,
+        # once the first has exited.
+        assert {hello() for _ in range(9)} == {first}
+        assert hello() != first
+        # The next worker's one query is carried by its thread; the first
+        # worker's ten were carried by then, or never.
+        deadline = time.monotonic() + 20
+        while queries() != 11 and time.monotonic() < deadline:
+            time.sleep(0.2)
+        assert queries() == 11
     finally:
         server.terminate()
         server.wait(20)

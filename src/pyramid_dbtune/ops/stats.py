@@ -41,13 +41,13 @@ import math
 import os
 import threading
 import time
-import weakref
 from collections import deque
 from time import perf_counter, process_time, thread_time
 
 from pyramid_retry import is_error_retryable
 
 from ..deploy import forks
+from . import carrier
 from .access import PREFIX, ROUTE_PREFIX
 from .metrics import (
     BUCKETS,
@@ -118,15 +118,15 @@ class Stats:
         #: held while the figures are carried into the metrics, so that two
         #: threads do not both add what grew
         self._carrying = threading.Lock()
-        #: the pid whose carrier thread runs (several processes)
-        self._carrier = None
         self.reset()
         forks.renew_after_fork(self)
+        if multiprocess_dir is not None:
+            carrier.start(self, TICK)
 
     def after_fork(self):
         """In a forked child: new locks, metrics of its own, and no
         request running (the parent's threads are not here, its carrier
-        thread neither: the first tick starts one)."""
+        thread neither: :meth:`start_after_fork` starts one)."""
         self._lock = threading.Lock()
         self._carrying = threading.Lock()
         self.active.clear()
@@ -136,9 +136,13 @@ class Stats:
         """Once every object of the child is renewed: what the parent's
         cache, router and listener had counted before the fork is the
         parent's, not this process's, and is left out of its metrics
-        (with several processes, prometheus_client adds them all up)."""
+        (with several processes, prometheus_client adds them all up).
+        With ``PROMETHEUS_MULTIPROC_DIR``, starts the child's carrier
+        thread: it counts from now, whether it serves or not."""
         with self._carrying:
             self._carry_all(self._carried.__setitem__)
+        if self.multiprocess_dir is not None:
+            carrier.start(self, TICK)
 
     def reset(self):
         """Start every figure again, in a registry of their own."""
@@ -252,20 +256,8 @@ class Stats:
             served = 0 if last is None else self._served()
             self._last_tick = (now, cpu, cache, served)
             self.next_tick = now + TICK
-            # One carrier thread per process (a forked child starts its own).
-            carrier = self.multiprocess_dir is not None and (
-                self._carrier != os.getpid()
-            )
-            if carrier:
-                self._carrier = os.getpid()
         finally:
             self._lock.release()
-        if carrier:
-            try:
-                _start_carrier(self)
-            except BaseException:
-                self._carrier = None  # the next tick tries again
-                raise
         self.carry()
         if last is None:
             return
@@ -456,30 +448,6 @@ class Stats:
         every = CollectorRegistry()
         multiprocess.MultiProcessCollector(every, path=self.multiprocess_dir)
         return generate_latest(every), CONTENT_TYPE_LATEST
-
-
-def _start_carrier(stats):
-    """With ``PROMETHEUS_MULTIPROC_DIR``: a thread of this process carries
-    the figures of ``stats`` into prometheus_client's files once a
-    :data:`TICK` while the process (and ``stats``) lives, so that a scrape
-    that another process answers finds this one's at most a tick old,
-    whether it serves or idles. Never a request's thread."""
-    threading.Thread(
-        target=_carry_every_tick,
-        args=(weakref.ref(stats),),
-        name='dbtune-stats-carry',
-        daemon=True,
-    ).start()
-
-
-def _carry_every_tick(ref):
-    while True:
-        stats = ref()
-        if stats is None:
-            return  # its app is gone
-        stats.carry()
-        del stats
-        time.sleep(TICK)
 
 
 def _ratio(part, whole):

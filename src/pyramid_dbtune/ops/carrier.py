@@ -1,0 +1,66 @@
+"""How a process's figures reach prometheus_client's files, with
+``PROMETHEUS_MULTIPROC_DIR`` (several processes, such as gunicorn's
+workers): a thread carries them once a tick from the moment the process
+begins to count (the application's set-up, or the fork of a worker from a
+preloaded master), whether it serves or idles, and the process carries
+them once more when it exits, so that a worker that is recycled
+(``max_requests``, a reload) loses none of what it counted last.
+"""
+
+import atexit
+import os
+import threading
+import time
+import weakref
+
+__all__ = ['carry_at_exit', 'start']
+
+#: Every :class:`~.stats.Stats` whose figures are carried in this process
+#: (a forked child's, renewed, among them).
+_carried = weakref.WeakSet()
+#: Held by a carrier thread while it carries, and around each fork: a child
+#: forked in the middle of a carry would find prometheus_client's lock (one
+#: for every metric) held for ever, and hang at its first count.
+_forking = threading.Lock()
+
+
+def start(stats, every):
+    """A thread of this process carries the figures of ``stats`` into
+    prometheus_client's files every ``every`` seconds while the process
+    (and ``stats``) lives, so that a scrape that another process answers
+    finds this one's at most that old; and :func:`carry_at_exit` carries
+    them when the process exits. Never a request's thread."""
+    _carried.add(stats)
+    threading.Thread(
+        target=_carry_every,
+        args=(weakref.ref(stats), every),
+        name='dbtune-stats-carry',
+        daemon=True,
+    ).start()
+
+
+def _carry_every(ref, every):
+    while True:
+        stats = ref()
+        if stats is None:
+            return  # its app is gone
+        with _forking:
+            stats.carry()
+        del stats
+        time.sleep(every)
+
+
+def carry_at_exit():
+    """Carry the figures of every :class:`~.stats.Stats` of this process
+    that :func:`start` was given (registered with :mod:`atexit`: it runs
+    when the process exits, as a gunicorn worker does)."""
+    for stats in list(_carried):
+        stats.carry()
+
+
+atexit.register(carry_at_exit)
+os.register_at_fork(
+    before=_forking.acquire,
+    after_in_parent=_forking.release,
+    after_in_child=_forking.release,
+)
