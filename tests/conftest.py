@@ -485,7 +485,10 @@ def shared_settings(*servers, **more):
 class Proxy:
     """A TCP proxy on loopback in front of a server. ``cut()`` drops its
     connections and refuses new ones, as a network partition would, while
-    the server behind keeps what it holds; ``mend()`` lets them through."""
+    the server behind keeps what it holds; ``mend()`` lets them through.
+    ``freeze()`` holds every byte either way and closes nothing, as a cut
+    that nobody hears of (or a frozen host) would; ``thaw()`` lets them
+    through."""
 
     def __init__(self, target_port):
         self.target = target_port
@@ -496,7 +499,15 @@ class Proxy:
         self.mangle = None
         self._sockets = []
         self._lock = threading.Lock()
+        self._flowing = threading.Event()
+        self._flowing.set()
         self.mend()
+
+    def freeze(self):
+        self._flowing.clear()
+
+    def thaw(self):
+        self._flowing.set()
 
     def mend(self):
         listener = socket.socket()
@@ -555,6 +566,7 @@ class Proxy:
                 for piece in pieces:
                     if not piece:  # an empty piece: hang up here
                         raise OSError('hung up')
+                    self._flowing.wait()
                     sink.sendall(piece)
                     time.sleep(0.001 * (len(pieces) > 1))
         except OSError:
@@ -570,6 +582,7 @@ class Proxy:
             self._listener.shutdown(socket.SHUT_RDWR)
         self._listener.close()
         self._listener = None
+        self._flowing.set()  # what was held goes nowhere: its pumps end
         with self._lock:
             for end in self._sockets:
                 with contextlib.suppress(OSError):

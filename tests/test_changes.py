@@ -38,6 +38,7 @@ from conftest import (
     listening,
     run_sql,
     shared_settings,
+    until,
 )
 
 #: Seconds a change made outside the app may take to reach a process.
@@ -268,6 +269,90 @@ def test_the_listener_survives_its_database_restarting(own_postgresql, apps):
     answer = call(app, ('get', {'id': 4}))
     assert answer['results'][0]['rows'] == [[4, 'Burley', 97]]
     assert answer['cache']['hit'] == 1  # patched, not read again
+
+
+def test_a_listener_whose_connection_goes_silent_connects_again(
+    mysql_url, apps
+):
+    """A path that answers nothing and closes nothing: the listener's
+    check has no answer, so it gives its connection up, within
+    ``dbtune.statement_timeout`` here (PyMySQL's ``read_timeout``), and
+    connects again once the path is back; it then drops what it holds,
+    and hears. (On PostgreSQL, the kernel's bounds of the next test give
+    up a path whose other end no longer acknowledges: loopback cannot
+    show one.)"""
+    server_url = mysql_url
+    create_tables(server_url)
+    engine = sa.create_engine(server_url, poolclass=sa.pool.NullPool)
+    triggers.install(engine, {'property': (('area', 'id'), ('rent',))})
+    engine.dispose()
+    url = sa.engine.make_url(server_url)
+    proxy = Proxy(url.port)
+    settings = {
+        **LISTEN,
+        'dbtune.statement_timeout': '1',
+        'dbtune.connect_timeout': '2',
+    }
+    get = ('get', {'id': 1})
+    try:
+        proxied = url.set(host='127.0.0.1', port=proxy.port)
+        app = apps(
+            proxied.render_as_string(hide_password=False),
+            METHODS,
+            settings,
+            tables=False,
+        )
+        listener = app.app.registry.dbtune.listener
+        assert listener.listening.wait(10)
+        call(app, get)
+        proxy.freeze()
+        outside(server_url, 'UPDATE property SET rent = 91 WHERE id = 1')
+        until(lambda: not listener.listening.is_set())
+        proxy.thaw()
+        until(listener.listening.is_set)
+        # What changed while it heard nothing is not known: all dropped.
+        answer = call(app, get)
+        assert answer['results'][0]['rows'] == [[1, 'Headingley', 91]]
+        assert answer['cache']['hit'] == 0
+        wait = heard(app)
+        outside(server_url, 'UPDATE property SET rent = 92 WHERE id = 1')
+        wait()
+        answer = call(app, get)
+        assert answer['results'][0]['rows'] == [[1, 'Headingley', 92]]
+    finally:
+        proxy.cut()
+
+
+def test_a_listeners_connection_has_tcp_bounds_on_postgresql(
+    postgresql_url, apps
+):
+    """libpq's keepalives and tcp_user_timeout, within the listener's
+    bound on an answer: a cut the kernel sees fails what waits on it.
+    Only on the listener's connection; a bound the URL names wins."""
+    url = sa.engine.make_url(postgresql_url).update_query_dict(
+        {'keepalives_idle': '7'}
+    )
+    settings = {**LISTEN, 'dbtune.statement_timeout': '3'}
+    app = listening(url.render_as_string(hide_password=False), apps, settings)
+    dbtune = app.app.registry.dbtune
+
+    def parameters(engine):
+        with engine.connect() as connection:
+            info = connection.connection.driver_connection.info
+            return info.get_parameters()
+
+    assert {
+        name: value
+        for name, value in parameters(dbtune.listener.engine).items()
+        if name.startswith(('keepalives', 'tcp_user_timeout'))
+    } == {
+        'keepalives': '1',
+        'keepalives_idle': '7',
+        'keepalives_interval': '1',
+        'keepalives_count': '2',
+        'tcp_user_timeout': '3000',
+    }
+    assert 'tcp_user_timeout' not in parameters(dbtune.router.writer)
 
 
 def test_a_change_committed_late_is_not_missed_on_mariadb(mysql_url, apps):

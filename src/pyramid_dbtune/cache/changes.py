@@ -29,6 +29,7 @@ changed to it, and waits until the thread has heard of it (see
 
 import hashlib
 import logging
+import math
 import os
 import threading
 import time
@@ -56,6 +57,10 @@ log = logging.getLogger(__name__)
 MAX_BACKOFF = 2.0
 #: Seconds between two checks that the listener's connection still works.
 CHECK_EVERY = 5.0
+#: Seconds the listener waits for its database to answer, at the most
+#: (less where ``dbtune.statement_timeout`` is less): a connection cut
+#: unsaid, or to a frozen host, is then given up within a few checks.
+ANSWER_WITHIN = 2 * CHECK_EVERY
 #: MySQL: seconds a transaction may have been open, holding a change, when
 #: a listener connects, for the listener to wait for it.
 OPEN_FOR = 60
@@ -377,7 +382,8 @@ class Listener:
     def _check(self, connection):
         """Every :data:`CHECK_EVERY` seconds, ask the database something:
         a connection whose server went away unsaid (a host gone, a
-        network cut) then fails, and is made again. True when it asked."""
+        network cut) then fails, within :func:`_answer_within` seconds
+        (:func:`_timeouts`), and is made again. True when it asked."""
         now = time.monotonic()
         if now < self._check_at:
             return False
@@ -408,11 +414,37 @@ def _engine(settings):
     )
 
 
+def _answer_within(settings):
+    """Seconds the listener waits for an answer (:data:`ANSWER_WITHIN`)."""
+    return min(settings.statement_timeout or ANSWER_WITHIN, ANSWER_WITHIN)
+
+
 def _timeouts(settings):
+    """The bounds of the listener's connection: on connecting, the app's;
+    on each answer, :func:`_answer_within` (PyMySQL's ``read_timeout``).
+    libpq has no bound on an answer: keepalives probe the connection
+    while it idles, and ``tcp_user_timeout`` bounds how long what it sent
+    may go unacknowledged. A bound the URL names wins."""
     from ..routing.connect import connect_args
 
-    args = connect_args(settings.url, settings.connect_timeout)
-    return {'connect_args': args} if args else {}
+    url = sa.engine.make_url(settings.url)
+    within = _answer_within(settings)
+    args = connect_args(url, settings.connect_timeout, within)
+    if url.get_driver_name() in ('psycopg', 'psycopg2'):
+        probe = max(1, math.ceil(within / 3))
+        libpq = {
+            'keepalives': 1,
+            'keepalives_idle': probe,
+            'keepalives_interval': probe,
+            'keepalives_count': 2,
+            'tcp_user_timeout': math.ceil(within * 1000),
+        }
+        args.update(
+            (name, value)
+            for name, value in libpq.items()
+            if name not in url.query
+        )
+    return {'connect_args': args}
 
 
 def start(dbtune):
