@@ -864,6 +864,70 @@ def test_the_apps_own_writes_reach_every_process(server_url, apps):
     assert 'dbtune_changes_total{event="changes_heard"} 1.0' in metrics
 
 
+#: A trigger of the user's: an order takes from the stock.
+TAKE = {
+    'postgresql': [
+        'CREATE FUNCTION take() RETURNS trigger LANGUAGE plpgsql AS $$ '
+        'BEGIN UPDATE stock SET n = n - NEW.qty WHERE item = NEW.item; '
+        'RETURN NULL; END $$',
+        'CREATE TRIGGER take AFTER INSERT ON orders FOR EACH ROW '
+        'EXECUTE FUNCTION take()',
+    ],
+    'mysql': [
+        'CREATE TRIGGER take AFTER INSERT ON orders FOR EACH ROW '
+        'UPDATE stock SET n = n - NEW.qty WHERE item = NEW.item'
+    ],
+}
+ORDERS = [
+    {'name': 'stock', 'sql': 'SELECT item, n FROM stock WHERE item = :item',
+     'cache_time': 300},
+    {'name': 'orders', 'cache_time': 300,
+     'sql': 'SELECT item, qty FROM orders WHERE item = :item'},
+    {'name': 'order',
+     'sql': 'INSERT INTO orders (item, qty) VALUES (:item, :qty)'},
+]  # fmt: skip
+
+
+@pytest.mark.parametrize('shared', [False, True])
+def test_a_users_trigger_that_changes_another_table_is_heard(
+    server_url, shared, apps, request
+):
+    """The app's write of one table fires a trigger of the user's that
+    changes another in the same transaction. The app's commit drops the
+    reads of the table it wrote; the other's change, though made on the
+    app's connection, is applied as anyone's: its cached reads are fresh
+    at once, not when their cache_time runs out."""
+    kind = 'postgresql' if server_url.startswith('postgresql') else 'mysql'
+    outside(
+        server_url,
+        'CREATE TABLE stock (item INTEGER PRIMARY KEY, n INTEGER)',
+        'CREATE TABLE orders (item INTEGER, qty INTEGER)',
+        'INSERT INTO stock VALUES (1, 100)',
+        *TAKE[kind],
+    )
+    engine = sa.create_engine(server_url, poolclass=sa.pool.NullPool)
+    triggers.install(engine, {'orders': ['item'], 'stock': ['item']})
+    engine.dispose()
+    settings = (
+        shared_settings(request.getfixturevalue('memcached')) if shared else {}
+    )
+    app = apps(server_url, ORDERS, {**settings, **LISTEN}, tables=False)
+    listener = app.app.registry.dbtune.listener
+    assert listener.listening.wait(10)
+
+    def rows(name):
+        return call(app, (name, {'item': 1}))['results'][0]['rows']
+
+    assert (rows('stock'), rows('orders')) == ([[1, 100]], [])
+    call(app, ('order', {'item': 1, 'qty': 5}))
+    until(lambda: rows('stock') == [[1, 95]], 10)
+    # The change of the table the app wrote is its own all the same; the
+    # trigger's is not.
+    until(lambda: listener.own >= 1, 10)
+    assert listener.own == 1
+    assert rows('orders') == [[1, 5]]
+
+
 def test_an_own_commit_not_heard_of_in_time_drops_its_rows(
     postgresql_url, apps, monkeypatch
 ):

@@ -1,12 +1,20 @@
 """What a MySQL listener has read of the table of changes,
-``dbtune_changes`` (:mod:`.changes`), and how old changes leave it."""
+``dbtune_changes`` (:mod:`.changes`), and how old changes leave it.
+
+A row's origin is the app's writer connection's; the app's commit adds a
+row (:data:`~.triggers.MARK`) that names the tables it drops itself. A
+change is told as the app's own only where its connection's next mark
+names its table: a change a trigger of the user's made to another table
+is anyone's. A connection runs one transaction at a time, so the next
+mark is its transaction's, or a later commit's, whose drop comes after
+the change in any case; a transaction's rows are read together."""
 
 import json
 from decimal import Decimal
 
 import sqlalchemy as sa
 
-from .triggers import CHANNEL
+from .triggers import CHANNEL, MARK
 
 #: Seconds that MySQL's ``dbtune_changes`` keeps a change.
 KEEP_CHANGES = 3600
@@ -46,13 +54,16 @@ class ChangeLog:
         return len(self.missing)
 
     def read(self, connection, apply):
-        """Read what is new, and ``apply(table, rows)`` each change (none
-        where ``apply`` is ``None``)."""
+        """Read what is new, and ``apply(table, rows, origin)`` each change
+        (none where ``apply`` is ``None``): ``origin`` is the app's, without
+        its connection's, where the app's commit dropped the table, else
+        None."""
+        found = []
         # Noted at an earlier read: by now their rows are there, if their
         # transactions still run (an id is taken, then its row added).
         for id_ in sorted(self.missing):
             try:
-                found = connection.exec_driver_sql(
+                rows = connection.exec_driver_sql(
                     f'SELECT id, tbl, cols, origin FROM {CHANNEL} '
                     'WHERE id = %s FOR UPDATE NOWAIT',
                     (id_,),
@@ -62,7 +73,7 @@ class ChangeLog:
                     raise
                 continue  # its transaction is open: wait
             # Committed (then read here), or rolled back.
-            self._apply(found, apply)
+            found += self._new(rows)
             self.missing.discard(id_)
             self.seen.add(id_)
         rows = connection.exec_driver_sql(
@@ -70,7 +81,7 @@ class ChangeLog:
             'ORDER BY id',
             (self.floor,),
         ).all()
-        self._apply(rows, apply)
+        found += self._new(rows)
         if rows:
             self.missing.update(
                 set(range(self.floor + 1, rows[-1][0])) - self.seen
@@ -78,15 +89,32 @@ class ChangeLog:
         while self.floor + 1 in self.seen:
             self.floor += 1
             self.seen.discard(self.floor)
+        if apply is not None:
+            for change in _told(found):
+                apply(*change)
 
-    def _apply(self, rows, apply):
-        for id_, table, cols, origin in rows:
-            if id_ not in self.seen:
-                self.seen.add(id_)
-                self.missing.discard(id_)
-                if apply is not None:  # the images, where it tells them
-                    changed = cols and json.loads(cols, parse_float=Decimal)
-                    apply(table, changed, origin)
+    def _new(self, rows):
+        new = [row for row in rows if row[0] not in self.seen]
+        for row in new:
+            self.seen.add(row[0])
+            self.missing.discard(row[0])
+        return new
+
+
+def _told(rows):
+    """``(table, rows, origin)`` of each change of ``rows``, in order:
+    ``rows`` the images, where it tells them; ``origin`` the app's where
+    its connection's next mark names the table."""
+    marks, told = {}, []
+    for _, table, cols, origin in sorted(rows, reverse=True):
+        changed = cols and json.loads(cols, parse_float=Decimal)
+        if table == MARK:
+            marks[origin] = changed
+        elif origin is not None and table in marks.get(origin, ()):
+            told.append((table, changed, origin.rpartition(' ')[0]))
+        else:
+            told.append((table, changed, None))
+    return reversed(told)
 
 
 #: The error for a row locked by another transaction, at once with

@@ -28,6 +28,7 @@ changed to it, and waits until the thread has heard of it (see
 """
 
 import hashlib
+import json
 import logging
 import math
 import os
@@ -44,6 +45,7 @@ from ..sql.shapes import Change
 from .changelog import ChangeLog, forget_old
 from .triggers import (
     CHANNEL,
+    MARK,
     ORIGIN,
     read_notice,
     schemas_of,
@@ -251,7 +253,8 @@ class Listener:
     def origin(self):
         """What the app's writes are marked with: changes whose commit
         dropped what they changed from this cache. With memcached, any
-        process's that shares it; else this process's."""
+        process's that shares it; else this process's. (MySQL: and the
+        connection's, after a space.)"""
         if self._shared_origin is not None:
             return self._shared_origin
         return f'process {os.getpid()} {id(self.dbtune.cache)}'
@@ -264,9 +267,9 @@ class Listener:
             cursor.execute(
                 'SELECT set_config(%s, %s, false)', (ORIGIN, self.origin)
             )
-        else:
-            variable = ORIGIN.replace('.', '_')
-            cursor.execute(f'SET @{variable} = %s', (self.origin,))
+        else:  # and the connection's, that its commits' marks name
+            own = f'{self.origin} {uuid.uuid4().hex[:12]}'
+            cursor.execute(f'SET @{_VARIABLE} = %s', (own,))
         cursor.close()
         dbapi_connection.commit()
 
@@ -285,6 +288,35 @@ class Listener:
         if not (self.applies_own and self.listening.is_set()):
             return frozenset()
         return self.triggered.intersection(tables)
+
+    def committing(self, session, tables):
+        """Before a commit of the app, in ``session``, that wrote
+        ``tables``: ``(later, token)``, the tables whose changes this
+        listener applies (:meth:`applies`) and the token the commit waits
+        for (:meth:`settle`), or None. On MySQL, mark the tables with
+        triggers that the commit drops itself: a change of another (a
+        trigger's of the user's) is applied as anyone's."""
+        routed = {'dbtune_routed': True}
+        later = self.applies(tables)
+        if later:  # PostgreSQL
+            token = self.expect()
+            session.execute(
+                sa.text('SELECT pg_notify(:channel, :message)'),
+                {'channel': CHANNEL, 'message': json.dumps({'s': token})},
+                execution_options=routed,
+            )
+            return later, token
+        dropped = self.triggered.intersection(tables)
+        if dropped and self.dialect != 'postgresql':
+            session.execute(
+                sa.text(
+                    f'INSERT INTO {CHANNEL} (tbl, cols, origin) '
+                    f'VALUES (:mark, :tables, @{_VARIABLE})'
+                ),
+                {'mark': MARK, 'tables': json.dumps(sorted(dropped))},
+                execution_options=routed,
+            )
+        return later, None
 
     def expect(self):
         """A token for a commit of the app to send before it commits (a
@@ -390,6 +422,10 @@ class Listener:
         self._check_at = now + CHECK_EVERY
         connection.exec_driver_sql('SELECT 1')
         return True
+
+
+#: MySQL's name of :data:`~.triggers.ORIGIN`.
+_VARIABLE = ORIGIN.replace('.', '_')
 
 
 def _shared_origin(settings):

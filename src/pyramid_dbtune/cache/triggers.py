@@ -8,7 +8,10 @@ transition tables), and the id of their transaction. MySQL and MariaDB:
 row triggers add a row to the table :data:`CHANNEL`, with the keys of the
 row changed, old and new.
 Both send the writer's :data:`ORIGIN`, so that a listener can pass over
-what the app's own commits dropped already.
+what the app's own commits dropped already: PostgreSQL's only for a
+change the app's statement made itself, not one a trigger of the user's
+made in turn; on MySQL, where a trigger cannot tell, the app's commit
+adds a row (:data:`MARK`) that names the tables it dropped.
 """
 
 import hashlib
@@ -25,6 +28,9 @@ MAX_ROWS = 100
 #: writer connections set it, so that a listener can pass over the changes
 #: its own cache has dropped already (``@dbtune_origin`` on MySQL).
 ORIGIN = 'dbtune.origin'
+#: MySQL: the ``tbl`` of a row of the app's commit that names, in
+#: ``cols``, the tables it drops itself.
+MARK = ''
 
 
 def tables_to_watch(dbtune):
@@ -100,7 +106,10 @@ BEGIN
       OR greatest(counted_gone, counted_came) > {MAX_ROWS};
     message := jsonb_build_object(
       't', TG_TABLE_NAME, 'n', TG_TABLE_SCHEMA,
-      'o', current_setting('{ORIGIN}', true),
+      -- The app's origin where its own statement made the change, not a
+      -- trigger's: the app's commit drops what its statements wrote.
+      'o', CASE WHEN pg_trigger_depth() = 1
+                THEN current_setting('{ORIGIN}', true) END,
       'x', pg_current_xact_id()::text, 'u', gen_random_uuid(),
       'old', coalesce(gone, '[]'), 'new', coalesce(came, '[]'))::text;
     EXIT WHEN octet_length(message) <= 7900;
@@ -109,7 +118,8 @@ BEGIN
   IF message IS NULL THEN
     message := jsonb_build_object(
       't', TG_TABLE_NAME, 'n', TG_TABLE_SCHEMA,
-      'o', current_setting('{ORIGIN}', true))::text;
+      'o', CASE WHEN pg_trigger_depth() = 1
+                THEN current_setting('{ORIGIN}', true) END)::text;
   END IF;
   PERFORM pg_notify('{CHANNEL}', message);
   RETURN NULL;

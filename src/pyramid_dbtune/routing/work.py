@@ -15,18 +15,15 @@ the in-process cache), the commit leaves the reads of the tables it wrote
 to it, and returns once the listener has heard of it.
 """
 
-import json
 import logging
 import math
 import time
 from functools import partial
 from time import perf_counter
 
-import sqlalchemy as sa
 import transaction.interfaces
 from zope.sqlalchemy import mark_changed, register
 
-from ..cache.triggers import CHANNEL
 from ..sql.conditions import any_row, foreign_reach
 from .connect import fetch
 from .errors import WriteSlotTimeout
@@ -383,20 +380,15 @@ class UnitOfWork:
         """Where the listener applies this process's changes to the
         cached rows, leave those of the tables written to it: send, last
         in the transaction, the token it will have heard of once it has
-        applied them all."""
+        applied them all. Else tell it what the commit drops itself
+        (:meth:`Listener.committing`)."""
         listener = self.request.registry.dbtune.listener
         if listener is None or self._all_tables:
             return
         self.session.flush()  # the ORM's changes before the token's
-        later = listener.applies(self._tables)
-        if later:
-            token = listener.expect()
-            self.session.execute(
-                sa.text('SELECT pg_notify(:channel, :message)'),
-                {'channel': CHANNEL, 'message': json.dumps({'s': token})},
-                execution_options={'dbtune_routed': True},
-            )
-            self._later, self._token = later, token
+        self._later, self._token = listener.committing(
+            self.session, self._tables
+        )
 
     def _after_commit(self, committed):
         # The slot goes back whatever happens here (the writer failing to
