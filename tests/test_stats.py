@@ -10,7 +10,7 @@ import threading
 import time
 
 import pytest
-from prometheus_client import CollectorRegistry, multiprocess
+from prometheus_client import CollectorRegistry, multiprocess, values
 from prometheus_client.parser import text_string_to_metric_families
 from pyramid.config import Configurator
 from pyramid.exceptions import ConfigurationError
@@ -674,14 +674,23 @@ def test_a_request_does_not_fail_for_its_figures(
     runtime.close()
 
 
+@pytest.fixture
+def multiprocess_mode(monkeypatch, tmp_path):
+    """This process in prometheus_client's multiprocess mode, as if
+    PROMETHEUS_MULTIPROC_DIR had been set when it was imported: in
+    ``tmp_path``. (prometheus_client's own tests set ValueClass so.)"""
+    monkeypatch.setenv('PROMETHEUS_MULTIPROC_DIR', str(tmp_path))
+    monkeypatch.setattr(values, 'ValueClass', values.MultiProcessValue())
+    return tmp_path
+
+
 def test_a_process_carries_from_its_start_serving_or_not(
-    sqlite_url, monkeypatch, tmp_path
+    sqlite_url, multiprocess_mode
 ):
     # With PROMETHEUS_MULTIPROC_DIR, a process carries what it counts
     # whether or not it has served a request: from its set-up, and in a
     # child forked from it (gunicorn --preload) from the fork. No request
     # nor scrape here: only the process's own thread carries.
-    monkeypatch.setenv('PROMETHEUS_MULTIPROC_DIR', str(tmp_path))
     app = make_app(sqlite_url, [SEARCH], ON)
     runtime = app.app.registry.dbtune
     cache = runtime.cache
@@ -947,7 +956,7 @@ print(os.getpid())
 
 
 def test_every_process_is_added_up_and_a_dead_one_leaves_gauges(
-    tmp_path, monkeypatch
+    tmp_path, monkeypatch, multiprocess_mode
 ):
     """With PROMETHEUS_MULTIPROC_DIR, a process's requests are counted in
     prometheus_client's files there, and the metrics view of any process
@@ -957,7 +966,6 @@ def test_every_process_is_added_up_and_a_dead_one_leaves_gauges(
 
     from pyramid_dbtune.deploy.gunicorn import child_exit
 
-    monkeypatch.setenv('PROMETHEUS_MULTIPROC_DIR', str(tmp_path))
     monkeypatch.setattr(stats, 'TICK', 0.05)
     # The carriers of earlier tests' apps end when those are collected.
     earlier = [t for t in threading.enumerate() if t.name == CARRIER]
@@ -999,3 +1007,50 @@ def test_every_process_is_added_up_and_a_dead_one_leaves_gauges(
     while carriers():
         assert time.monotonic() < deadline
         time.sleep(0.05)
+
+
+IMPORTED_FIRST = """
+import os, sys
+import prometheus_client  # as another library, imported first, would
+
+os.environ['PROMETHEUS_MULTIPROC_DIR'] = sys.argv[1]
+from pyramid.config import Configurator
+
+with Configurator(settings=%r) as config:
+    config.include('pyramid_dbtune')
+"""
+
+
+def test_the_variable_set_after_prometheus_client_stops_start_up(tmp_path):
+    """prometheus_client chose its mode when it was imported: set after,
+    the variable would have ``/_dbtune/metrics`` read a directory where
+    this process writes nothing (an empty scrape)."""
+    done = subprocess.run(
+        [sys.executable, '-c', IMPORTED_FIRST % ON, str(tmp_path)],
+        capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert done.returncode != 0
+    assert (
+        'ConfigurationError: PROMETHEUS_MULTIPROC_DIR is set, but '
+        'prometheus_client was imported before it was' in done.stderr
+    )
+    assert 'environment before the process starts' in done.stderr
+
+
+def test_multiprocess_mode_and_the_variable_must_agree(monkeypatch, tmp_path):
+    # This process imported prometheus_client without the variable.
+    assert values.ValueClass is values.MutexValue
+    monkeypatch.setenv('PROMETHEUS_MULTIPROC_DIR', str(tmp_path))
+    with (
+        pytest.raises(ConfigurationError, match='imported before it was'),
+        Configurator(settings=ON) as config,
+    ):
+        config.include('pyramid_dbtune')
+    # The other way round: the variable gone after the import.
+    monkeypatch.setattr(values, 'ValueClass', values.MultiProcessValue())
+    monkeypatch.delenv('PROMETHEUS_MULTIPROC_DIR')
+    with (
+        pytest.raises(ConfigurationError, match='is not set now'),
+        Configurator(settings=ON) as config,
+    ):
+        config.include('pyramid_dbtune')

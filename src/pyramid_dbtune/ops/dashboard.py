@@ -43,11 +43,7 @@ def install(config, dbtune):
                 'dbtune.stats = true needs prometheus_client: install '
                 'pyramid_dbtune[stats]'
             ) from None
-        dbtune.stats = Stats(
-            dbtune,
-            dbtune.active,
-            os.environ.get('PROMETHEUS_MULTIPROC_DIR') or None,
-        )
+        dbtune.stats = Stats(dbtune, dbtune.active, multiprocess_dir())
         add_stats_views(config, dbtune.stats)
     if settings.profile:
         dbtune.profiler = Profiler(dbtune.active, settings.profile_sample)
@@ -57,6 +53,37 @@ def install(config, dbtune):
     config.add_tween(
         'pyramid_dbtune.ops.tween.timing_tween_factory', under=INGRESS
     )
+
+
+def multiprocess_dir():
+    """``PROMETHEUS_MULTIPROC_DIR``, or None; a ConfigurationError when
+    prometheus_client, which chose its mode when it was first imported,
+    chose the other: the metrics would be kept where ``/_dbtune/metrics``
+    does not read them."""
+    from prometheus_client import values
+
+    directory = os.environ.get('PROMETHEUS_MULTIPROC_DIR') or None
+    # No public flag tells the mode; ValueClass is the value type every
+    # metric is made of (the point prometheus_client's own tests swap).
+    in_memory = values.ValueClass is values.MutexValue
+    if directory is not None and in_memory:
+        raise ConfigurationError(
+            'PROMETHEUS_MULTIPROC_DIR is set, but prometheus_client was '
+            'imported before it was, and keeps its metrics in memory: '
+            '/_dbtune/metrics would not show this process. Set the '
+            'variable in the environment before the process starts (as '
+            "gunicorn's and prometheus_client's docs say), not from Python."
+        )
+    if directory is None and not in_memory:
+        raise ConfigurationError(
+            'prometheus_client is in multiprocess mode, but '
+            'PROMETHEUS_MULTIPROC_DIR is not set now (it was unset after '
+            'prometheus_client was imported, or is empty, or only the '
+            'deprecated prometheus_multiproc_dir is set): set '
+            'PROMETHEUS_MULTIPROC_DIR to a directory in the environment '
+            'before the process starts.'
+        )
+    return directory
 
 
 def dashboard_view(request):
