@@ -8,6 +8,7 @@ from pyramid_dbtune.sql.analysis import (
     analyse,
     in_parameters,
     is_setting,
+    names,
 )
 
 
@@ -290,3 +291,22 @@ def test_a_star_before_a_comment_is_code_to_mysql():
     assert readings.hidden_parameters(sql, {'a', 'b'}, ['MySQL']) == {
         'a': 'MySQL'
     }
+
+
+@pytest.mark.parametrize(
+    'sql, found',
+    [
+        ('SELECT * FROM property, "area" JOIN `x` USING (i)', set()),
+        ('SELECT * FROM b.item', {('item', 'b.item', 'schema')}),
+        ('SELECT * FROM "Public"."C"', {('c', '"Public"."C"', 'schema')}),
+        ('SELECT * FROM "Item" i', {('item', '"Item"', 'quoted')}),
+        ('SELECT * FROM (`Item` JOIN a ON true)',
+         {('item', '`Item`', 'quoted')}),
+        ('SELECT * FROM Item WHERE id IN (SELECT i FROM AREA)',
+         {('item', 'Item', 'capitals'), ('area', 'AREA', 'capitals')}),
+        ("UPDATE Item SET n = 'x'", {('item', 'Item', 'capitals')}),
+    ],
+)  # fmt: skip
+def test_names_written_otherwise_than_plainly(sql, found):
+    # Triggers on the plain name may miss the table such a name reads.
+    assert names([sql]) == found

@@ -47,6 +47,7 @@ from .triggers import (
     CHANNEL,
     MARK,
     ORIGIN,
+    misnamed,
     read_notice,
     schemas_of,
     tables_to_watch,
@@ -229,7 +230,9 @@ class Listener:
                     'pyramid_dbtune: hears of changes again; every cached '
                     'result was dropped'
                 )
-        self.triggered = frozenset(watched(connection))
+        # A table a method names otherwise may not be the one watched.
+        unsure = misnamed(self.dbtune, connection)
+        self.triggered = frozenset(watched(connection)) - unsure.keys()
         self.inexact = inexact_tables(
             connection,
             {
@@ -239,7 +242,15 @@ class Listener:
             },
         )
         self.schemas = schemas_of(connection)
-        missing = sorted(set(tables_to_watch(self.dbtune)) - self.triggered)
+        for table, why in unsure.items():
+            log.warning(
+                'pyramid_dbtune: changes made outside the application to '
+                '%s cannot be heard of: %s',
+                table,
+                why,
+            )
+        missing = set(tables_to_watch(self.dbtune)) - self.triggered
+        missing = sorted(missing - unsure.keys())
         if missing:
             log.warning(
                 'pyramid_dbtune: no triggers tell of changes to %s: run '

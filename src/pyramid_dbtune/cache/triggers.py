@@ -49,6 +49,55 @@ def tables_to_watch(dbtune):
     return dict(sorted(tables.items()))
 
 
+_WHY = {
+    'schema': 'with its schema',
+    'quoted': 'quoted, in capitals',
+    'capitals': 'in capitals, on a database that tells names by case',
+}
+
+
+def misnamed(dbtune, connection):
+    """Table: why it cannot be watched, for the tables of
+    :func:`tables_to_watch` that a cached SQL method names in a way that
+    triggers on the plain name may miss: with a schema (``b.item``: the
+    search path may find another ``item``, or none), or in capitals where
+    case tells tables apart (PostgreSQL's ``"Item"``, MySQL's ``Item``
+    with ``lower_case_table_names = 0``). Rather than watch another
+    table, such a table is watched not at all, unless PostgreSQL finds the
+    same table by both names (``public.item`` where ``public`` is on the
+    search path)."""
+    dialect = connection.dialect.name
+    unsure = {'schema'}
+    if dialect == 'postgresql':
+        unsure.add('quoted')
+    elif dialect in ('mysql', 'mariadb') and not int(
+        connection.exec_driver_sql('SELECT @@lower_case_table_names').scalar()
+    ):
+        unsure |= {'quoted', 'capitals'}
+    found = {}
+    for name, registered in sorted(dbtune.methods.items()):
+        if not registered.cache_time or registered.method.writes:
+            continue
+        for table, written, how in sorted(registered.method.names):
+            if (
+                how in unsure
+                and table in registered.invalidated_by
+                and PLAIN.match(table)
+                and not (
+                    dialect == 'postgresql'
+                    and connection.exec_driver_sql(
+                        'SELECT to_regclass(%s) = to_regclass(%s)',
+                        (written, table),
+                    ).scalar()
+                )
+            ):
+                found.setdefault(
+                    table,
+                    f'SQL method {name!r} names it {written}, {_WHY[how]}',
+                )
+    return found
+
+
 def _columns(dbtune, table):
     keys = set(dbtune.pinned.get(table, ()))
     for registered in dbtune.methods.values():

@@ -59,7 +59,7 @@ def run(args, stdout=None, stderr=None):
     stderr = stderr or sys.stderr
     closers = []
     try:
-        engine, tables = _what(args, closers)
+        engine, tables, refused = _what(args, closers)
         try:
             if args.sql:
                 statements = triggers.trigger_sql(engine, tables, args.drop)
@@ -73,7 +73,13 @@ def run(args, stdout=None, stderr=None):
             columns = sorted({*columns[0], *columns[1]}) if columns else ()
             told = f' (rows told by {", ".join(columns)})' if columns else ''
             stdout.write(f'dbtune triggers: {done} {table}{told}\n')
-        return 0
+        for table, why in refused.items():
+            stderr.write(
+                f'dbtune triggers: cannot watch {table}: {why}; triggers on '
+                f'{table} may be on another table. Name it {table}, '
+                'unquoted, on the search path\n'
+            )
+        return 2 if refused else 0
     except _Refused as exc:
         stderr.write(f'dbtune triggers: {exc}\n')
         return 2
@@ -83,8 +89,8 @@ def run(args, stdout=None, stderr=None):
 
 
 def _what(args, closers):
-    """The engine and the tables (table: ``(keys, extra)`` columns) to
-    work on."""
+    """The engine, the tables (table: ``(keys, extra)`` columns) to
+    work on, and those it cannot (table: why)."""
     from ..cache import triggers
     from ..sql.conditions import PLAIN
 
@@ -102,7 +108,7 @@ def _what(args, closers):
             raise _Refused('--url needs --tables: the tables to watch')
         engine = create_engine(args.url)
         closers.append(engine.dispose)
-        return engine, dict.fromkeys(sorted(set(named)), ((), ()))
+        return engine, dict.fromkeys(sorted(set(named)), ((), ())), {}
     from pyramid.paster import bootstrap
 
     env = bootstrap(args.config_uri)
@@ -127,4 +133,8 @@ def _what(args, closers):
             'no cached SQL method reads a table by name: there is nothing '
             'to watch'
         )
-    return dbtune.router.writer, dict(sorted(tables.items()))
+    with dbtune.router.writer.connect() as connection:
+        refused = triggers.misnamed(dbtune, connection)
+    for table in refused:
+        del tables[table]
+    return dbtune.router.writer, dict(sorted(tables.items())), refused

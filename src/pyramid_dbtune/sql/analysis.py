@@ -132,11 +132,25 @@ def table_name(name):
     return name.split('.')[-1].strip('"`[] ').lower()
 
 
-class _Reader:
-    """Walks a statement's tokens; ``lower`` holds them lower-cased."""
+def _how_named(words):
+    """How the tokens of one table's name write it, when not by its
+    plain name: ``'schema'`` (``b.item``), ``'quoted'`` (``"Item"``),
+    ``'capitals'`` (``Item``); None for ``item`` or ``"item"``."""
+    if len(words) > 1:
+        return 'schema'
+    unquoted = words[0].strip('"`[]')
+    if unquoted == unquoted.lower():
+        return None
+    return 'quoted' if unquoted != words[0] else 'capitals'
 
-    def __init__(self, words):
+
+class _Reader:
+    """Walks a statement's tokens; ``lower`` holds them lower-cased;
+    ``written`` gathers the names not written plainly (:func:`names`)."""
+
+    def __init__(self, words, written=None):
         self.words = words
+        self.written = set() if written is None else written
         self.lower = [w.lower() for w in words]
         #: How deep in parentheses each token stands.
         self.depth = []
@@ -151,11 +165,16 @@ class _Reader:
 
     def name(self, i):
         """Read a dotted name at ``i``: ``(last part, next index)``."""
+        start = i
         last = self.words[i]
         i += 1
         while self.at(i) == '.' and i + 1 < len(self.words):
             last = self.words[i + 1]
             i += 2
+        how = _how_named(self.words[start:i:2])
+        if how is not None:
+            written = ''.join(self.words[start:i])
+            self.written.add((table_name(last), written, how))
         return table_name(last), i
 
     def skip_parens(self, i):
@@ -337,10 +356,10 @@ def _targets(reader, starts):
     return tables
 
 
-def _analyse(words):
+def _analyse(words, written=None):
     if not words:
         return True, None
-    reader = _Reader(words)
+    reader = _Reader(words, written)
     first = next((w for w in reader.lower if w != '('), '')
     starts = reader.statement_words()
     if (
@@ -350,7 +369,7 @@ def _analyse(words):
     ):
         inner = commands.wrapped(reader.lower, reader.depth)
         if inner is not None:
-            return _analyse(words[inner:])
+            return _analyse(words[inner:], written)
         return True, set()  # SET, NOTIFY, LOCK...: a write of no table
     if first == 'truncate':
         tables = set()
@@ -432,6 +451,23 @@ def analyse_any(statements, dialect=None):
     if any(t is None for t in tables):
         return False, frozenset([ANY_TABLE])
     return False, frozenset().union(*tables)
+
+
+def names(statements):
+    """How ``statements`` name their tables where not by the plain name
+    they are told by (:func:`table_name`): ``(table, as written, how)``,
+    ``how`` being ``'schema'`` (``b.item``), ``'quoted'`` (``"Item"``) or
+    ``'capitals'`` (``Item``), as any database may read them. Triggers
+    put on the plain name may watch another table than such a name does.
+    """
+    written = set()
+    for words in {
+        tuple(tokens(sql, literal))
+        for sql in statements
+        for literal in _READINGS
+    }:
+        _analyse(list(words), written)
+    return frozenset(written)
 
 
 def in_parameters(sql):

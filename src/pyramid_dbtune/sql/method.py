@@ -182,6 +182,10 @@ class SQLMethod:
             else lambda params: tuple(params[p] for p in self.params)
         )
         found_writes, found = self._analyse(sql)
+        #: Its tables' names written otherwise than plainly, with a
+        #: schema or capitals (:func:`.analysis.names`): ``dbtune
+        #: triggers`` cannot tell which table such a name is.
+        self.names = self._names(sql)
         self.writes = found_writes if writes is None else writes
         if tables is not None:
             self.tables = _normalise_tables(name, tables)
@@ -237,6 +241,9 @@ class SQLMethod:
         # Whether it writes, and its tables, as its text tells; a ZSQL
         # method reads each text its template renders.
         return analysis.analyse(sql)
+
+    def _names(self, sql):
+        return analysis.names([sql])
 
     def pins_for(self, dialect):
         """:attr:`pins` as the database of ``dialect`` (SQLAlchemy's name)

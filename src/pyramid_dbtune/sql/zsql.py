@@ -178,6 +178,9 @@ class ZSQLMethod(SQLMethod):
         writes, _ = analysis.analyse_any([*self._variants, self._glued])
         return (True, None) if writes else (False, frozenset([ANY_TABLE]))
 
+    def _names(self, sql):
+        return analysis.names(self._variants)
+
     def _check(self, sql, names, error):
         """Refuse a text where a value would not be a bound parameter:
         glued to a name, or inside a string or a comment as a database
