@@ -264,3 +264,30 @@ def test_the_starters_own_functional_tests_see_their_session(starter):
     # Nothing committed, nothing cached.
     assert app.get('/price').json == {'value': 1}
     assert app.get('/').json['value'] == 1
+
+
+def test_a_transaction_given_at_work_commits_when_its_caller_says(starter):
+    """The caller, not the request, ends a transaction it handed over: its
+    commit, after the requests have ended, drops what it changed."""
+    app, log = starter()
+    router = app.app.registry.dbtune.router
+    assert app.get('/price').json == {'value': 1}  # cached
+    tm = transaction.TransactionManager(explicit=True)
+    tm.begin()
+    from starter.models import MyModel, get_tm_session
+
+    dbsession = get_tm_session(app.app.registry['dbsession_factory'], tm)
+    dbsession.query(MyModel).filter_by(name='one').one()
+    environ = {'tm.active': True, 'tm.manager': tm, 'app.dbsession': dbsession}
+    assert app.get('/bump', {'value': 8}, extra_environ=environ).json == {
+        'value': 8
+    }
+    try:
+        tm.commit()
+    except BaseException:
+        tm.abort()  # its locks go, whatever failed
+        raise
+    assert router.write_slots.acquire(blocking=False)
+    router.write_slots.release()
+    assert app.get('/price').json == {'value': 8}
+    assert app.get('/').json['value'] == 8

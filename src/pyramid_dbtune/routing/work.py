@@ -50,6 +50,7 @@ class UnitOfWork:
 
     def __init__(self, request, router, cache):
         self.request = request
+        self.listener = request.registry.dbtune.listener  # its commit's
         self.router = router
         self.cache = cache
         #: True from the first write until its transaction ends.
@@ -224,7 +225,11 @@ class UnitOfWork:
         ``register``). One given at work, in a transaction its caller
         keeps (as the starter's tests hand theirs over), :attr:`stays`:
         SQL methods run in it, and the caller ends the transaction."""
-        if UNIT not in session.info and session.in_transaction():
+        if (
+            session is not self._session
+            and UNIT not in session.info
+            and session.in_transaction()
+        ):
             self.stays = True
         self._session = session
         # Its bind before any unit routed it (a subrequest in the same
@@ -382,7 +387,7 @@ class UnitOfWork:
         in the transaction, the token it will have heard of once it has
         applied them all. Else tell it what the commit drops itself
         (:meth:`Listener.committing`)."""
-        listener = self.request.registry.dbtune.listener
+        listener = self.listener
         if listener is None or self._all_tables:
             return
         self.session.flush()  # the ORM's changes before the token's
@@ -407,7 +412,7 @@ class UnitOfWork:
             self._finish()
         # The slot given back, wait for the listener to apply what the
         # commit left to it; not heard of in time, drop what it changed.
-        listener = self.request.registry.dbtune.listener
+        listener = self.listener
         if token is not None and not listener.settle(token):
             self.cache.invalidate(*dropped)
 
@@ -458,7 +463,10 @@ class UnitOfWork:
 
     def _set_pin(self, value, seconds=PIN_FOR):
         """Give the client the pin ``value()``, taken as the response is
-        made, for ``seconds``."""
+        made, for ``seconds``; none once its requests have ended (a
+        transaction its caller ends, :attr:`stays`)."""
+        if self.request is None:
+            return
         self.request.add_response_callback(
             lambda request, response: response.set_cookie(
                 PIN_COOKIE,
@@ -487,5 +495,5 @@ class UnitOfWork:
         self._later = frozenset()
         self.settings = []
         if self._token is not None:  # sent, but not committed
-            self.request.registry.dbtune.listener.forget(self._token)
+            self.listener.forget(self._token)
             self._token = None
