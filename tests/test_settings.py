@@ -380,3 +380,27 @@ def test_read_urls_without_a_writer_is_an_error():
     config = Configurator(settings={'dbtune.read_urls': 'sqlite://'})
     with pytest.raises(ConfigurationError, match='read_urls is set, but'):
         config.include('pyramid_dbtune')
+
+
+def test_settings_that_change_only_together_are_a_change(sqlite_url):
+    config = Configurator(
+        settings={'dbtune.url': sqlite_url, 'sqlalchemy.url': sqlite_url}
+    )
+    config.include('pyramid_dbtune')
+    config.add_settings({'dbtune.url': '', 'sqlalchemy.url': 'sqlite://'})
+    with pytest.raises(ConfigurationExecutionError) as caught:
+        config.commit()
+    assert 'dbtune.url, sqlalchemy.url changed after' in str(caught.value)
+    config.registry.dbtune.router.dispose()
+
+
+def test_a_setting_taken_away_after_the_include_is_a_change(sqlite_url):
+    config = Configurator(
+        settings={'dbtune.url': sqlite_url, 'dbtune.cache.max_entries': '5'}
+    )
+    config.include('pyramid_dbtune')
+    del config.registry.settings['dbtune.cache.max_entries']
+    with pytest.raises(ConfigurationExecutionError) as caught:
+        config.commit()
+    assert 'dbtune.cache.max_entries changed after' in str(caught.value)
+    config.registry.dbtune.router.dispose()

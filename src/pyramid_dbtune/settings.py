@@ -331,6 +331,8 @@ def check_unchanged(settings, included):
     if not differ:
         return
     was = parse(included)
+    if parse(now) == was:
+        return
 
     def changes(name):  # ``name`` alone as it is now
         given = {k: v for k, v in included.items() if k != name}
@@ -338,14 +340,15 @@ def check_unchanged(settings, included):
             given[name] = now[name]
         return parse(given) != was
 
-    changed = sorted(filter(changes, differ))
-    if changed:
-        raise ConfigurationError(
-            f'{", ".join(changed)} changed after pyramid_dbtune was '
-            "included, and the change would be ignored: set pyramid_dbtune's "
-            "settings before config.include('pyramid_dbtune') (or in the "
-            'ini file)'
-        )
+    # Named by what each changes alone; keys that change it only together
+    # (dbtune.url emptied, sqlalchemy.url changed) all.
+    changed = sorted(filter(changes, differ)) or sorted(differ)
+    raise ConfigurationError(
+        f'{", ".join(changed)} changed after pyramid_dbtune was '
+        "included, and the change would be ignored: set pyramid_dbtune's "
+        "settings before config.include('pyramid_dbtune') (or in the "
+        'ini file)'
+    )
 
 
 def parse(settings):
