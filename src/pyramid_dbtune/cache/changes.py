@@ -304,9 +304,9 @@ class Listener:
         """Before a commit of the app, in ``session``, that wrote
         ``tables``: ``(later, token)``, the tables whose changes this
         listener applies (:meth:`applies`) and the token the commit waits
-        for (:meth:`settle`), or None. On MySQL, mark the tables with
-        triggers that the commit drops itself: a change of another (a
-        trigger's of the user's) is applied as anyone's."""
+        for (:meth:`settle`), None where it waits for none. On MySQL, mark
+        the tables with triggers that the commit drops itself: a change of
+        another (a trigger's of the user's) is applied as anyone's."""
         routed = {'dbtune_routed': True}
         later = self.applies(tables)
         if later:  # PostgreSQL

@@ -209,8 +209,9 @@ def _my_trigger(event, table):
     """MySQL's name of ``table``'s trigger of ``event``,
     ``dbtune_{event}_{table}``. Trigger names are unique in a database,
     so a name longer than MySQL takes is cut, and ends with a hash of the
-    whole table name after a ``$``, which no plain table name holds: two
-    tables that begin alike never share their triggers."""
+    whole table name after a ``$``, which no table the package watches
+    holds (:data:`~pyramid_dbtune.sql.conditions.PLAIN`): two tables that
+    begin alike never share their triggers."""
     name = f'dbtune_{event}_{table}'
     if len(name) <= _MY_LONGEST:
         return name
