@@ -233,22 +233,16 @@ class Listener:
         # A table a method names otherwise may not be the one watched.
         unsure = misnamed(self.dbtune, connection)
         self.triggered = frozenset(watched(connection)) - unsure.keys()
+        compared = self.dbtune.compared.items()
         self.inexact = inexact_tables(
-            connection,
-            {
-                table: columns
-                for table, columns in self.dbtune.compared.items()
-                if table in self.triggered
-            },
+            connection, {t: c for t, c in compared if t in self.triggered}
         )
         self.schemas = schemas_of(connection)
         for table, why in unsure.items():
             log.warning(
                 'pyramid_dbtune: changes made outside the application to '
-                '%s cannot be heard of: %s',
-                table,
-                why,
-            )
+                '%s cannot be heard of: %s', table, why,
+            )  # fmt: skip
         missing = set(tables_to_watch(self.dbtune)) - self.triggered
         missing = sorted(missing - unsure.keys())
         if missing:
