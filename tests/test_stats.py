@@ -1,15 +1,19 @@
 """The timing tween, Server-Timing, and the figures of /_dbtune/stats and
 /_dbtune/metrics, driven through WebTest and real threads."""
 
+import contextlib
 import gc
 import json
 import os
+import socket
 import subprocess
 import sys
 import threading
 import time
+import urllib.request
 
 import pytest
+from gunicorn.config import KNOWN_SETTINGS
 from prometheus_client import CollectorRegistry, multiprocess, values
 from prometheus_client.parser import text_string_to_metric_families
 from pyramid.config import Configurator
@@ -762,10 +766,13 @@ with Configurator(settings=%r) as config:
 """
 
 
-def test_metrics_add_up_gunicorn_workers(tmp_path):
-    import socket
-    import urllib.request
-
+@contextlib.contextmanager
+def stats_gunicorn(tmp_path, *flags):
+    """gunicorn (``flags``) serving an app with stats on, in
+    prometheus_client's multiprocess mode, once it has answered: ``(get,
+    queries, first)``, ``get(path, headers)`` its answer's text,
+    ``queries()`` the route queries its files add up to, ``first`` the
+    text of its first ``/hello``."""
     url = f'sqlite:///{tmp_path / "app.sqlite"}'
     (tmp_path / 'statsapp.py').write_text(
         GUNICORN_APP % {**ON, 'dbtune.url': url}
@@ -775,8 +782,6 @@ def test_metrics_add_up_gunicorn_workers(tmp_path):
     with socket.socket() as s:
         s.bind(('127.0.0.1', 0))
         port = s.getsockname()[1]
-    from gunicorn.config import KNOWN_SETTINGS
-
     # No control socket: gunicorn's one socket would be shared with any
     # other gunicorn running at the same time.
     quiet = [
@@ -785,28 +790,47 @@ def test_metrics_add_up_gunicorn_workers(tmp_path):
         if s.name == 'control_socket_disable'
     ]
     server = subprocess.Popen(
-        [sys.executable, '-m', 'gunicorn', '--workers', '2',
+        [sys.executable, '-m', 'gunicorn', *flags,
          '--bind', f'127.0.0.1:{port}', *quiet,
          '--chdir', str(tmp_path), 'statsapp:application'],
         env={**os.environ, 'PROMETHEUS_MULTIPROC_DIR': str(metrics_dir)},
         stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
     )  # fmt: skip
-    base = f'http://127.0.0.1:{port}'
 
     def get(path, headers=None):
-        request = urllib.request.Request(base + path, headers=headers or {})
+        request = urllib.request.Request(
+            f'http://127.0.0.1:{port}{path}', headers=headers or {}
+        )
         with urllib.request.urlopen(request, timeout=10) as response:
             return response.read().decode()
+
+    def queries():
+        every = CollectorRegistry()
+        multiprocess.MultiProcessCollector(every, path=metrics_dir)
+        return sum(
+            sample.value
+            for family in every.collect()
+            for sample in family.samples
+            if sample.name == 'dbtune_route_queries_total'
+        )
 
     try:
         deadline = time.monotonic() + 30
         while True:
             try:
-                get('/hello')
+                first = get('/hello')
                 break
             except OSError:
                 assert time.monotonic() < deadline, server.stderr.read()
                 time.sleep(0.1)
+        yield get, queries, first
+    finally:
+        server.terminate()
+        server.wait(20)
+
+
+def test_metrics_add_up_gunicorn_workers(tmp_path):
+    with stats_gunicorn(tmp_path, '--workers', '2') as (get, queries, _):
         pids, served = set(), [1]
 
         def drive():
@@ -824,16 +848,6 @@ def test_metrics_add_up_gunicorn_workers(tmp_path):
             for thread in threads:
                 thread.join()
         assert len(pids) == 2  # both workers served
-
-        def queries():
-            every = CollectorRegistry()
-            multiprocess.MultiProcessCollector(every, path=metrics_dir)
-            return sum(
-                sample.value
-                for family in every.collect()
-                for sample in family.samples
-                if sample.name == 'dbtune_route_queries_total'
-            )
 
         # Each worker carries its figures into prometheus_client's files
         # on its own, idle or not: no request nor scrape reaches it now.
@@ -859,71 +873,24 @@ def test_metrics_add_up_gunicorn_workers(tmp_path):
         assert total == len(served)
         assert 'dbtune_requests_in_flight 0.0' in text
         # prometheus_client's files, a set per process; none of ours.
-        files = sorted(p.name for p in metrics_dir.iterdir())
+        files = sorted(p.name for p in (tmp_path / 'metrics').iterdir())
         assert not [f for f in files if f.startswith('dbtune_')], files
         histograms = [f for f in files if f.startswith('histogram_')]
         assert len(histograms) >= 2, files
-    finally:
-        server.terminate()
-        server.wait(20)
 
 
 def test_a_worker_that_exits_carries_what_it_counted(tmp_path):
     # gunicorn recycles a worker after --max-requests (as on a reload):
     # what it counted since its thread last carried is carried as it
     # exits, not lost.
-    import socket
-    import urllib.request
+    recycled = ('--workers', '1', '--max-requests', '10',
+                '--max-requests-jitter', '0')  # fmt: skip
+    with stats_gunicorn(tmp_path, *recycled) as (get, queries, first):
 
-    url = f'sqlite:///{tmp_path / "app.sqlite"}'
-    (tmp_path / 'statsapp.py').write_text(
-        GUNICORN_APP % {**ON, 'dbtune.url': url}
-    )
-    metrics_dir = tmp_path / 'metrics'
-    metrics_dir.mkdir()
-    with socket.socket() as s:
-        s.bind(('127.0.0.1', 0))
-        port = s.getsockname()[1]
-    from gunicorn.config import KNOWN_SETTINGS
+        def hello():
+            return json.loads(get('/hello'))['pid']
 
-    quiet = [
-        '--no-control-socket'
-        for s in KNOWN_SETTINGS
-        if s.name == 'control_socket_disable'
-    ]
-    server = subprocess.Popen(
-        [sys.executable, '-m', 'gunicorn', '--workers', '1',
-         '--max-requests', '10', '--max-requests-jitter', '0',
-         '--bind', f'127.0.0.1:{port}', *quiet,
-         '--chdir', str(tmp_path), 'statsapp:application'],
-        env={**os.environ, 'PROMETHEUS_MULTIPROC_DIR': str(metrics_dir)},
-        stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
-    )  # fmt: skip
-
-    def hello():
-        request = f'http://127.0.0.1:{port}/hello'
-        with urllib.request.urlopen(request, timeout=10) as response:
-            return json.loads(response.read())['pid']
-
-    def queries():
-        every = CollectorRegistry()
-        multiprocess.MultiProcessCollector(every, path=metrics_dir)
-        return sum(
-            sample.value
-            for family in every.collect()
-            for sample in family.samples
-            if sample.name == 'dbtune_route_queries_total'
-        )
-
-    try:
-        deadline = time.monotonic() + 30
-        while True:
-            try:
-                first = hello()
-                break
-            except OSError:
-                assert time.monotonic() < deadline, server.stderr.read()
-                time.sleep(0.1)
+        first = json.loads(first)['pid']
         # Its 10th request is its last: the next is the next worker's,
         # once the first has exited.
         assert {hello() for _ in range(9)} == {first}
@@ -934,9 +901,6 @@ def test_a_worker_that_exits_carries_what_it_counted(tmp_path):
         while queries() != 11 and time.monotonic() < deadline:
             time.sleep(0.2)
         assert queries() == 11
-    finally:
-        server.terminate()
-        server.wait(20)
 
 
 CHILD = """
