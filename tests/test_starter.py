@@ -266,10 +266,16 @@ def test_the_starters_own_functional_tests_see_their_session(starter):
     assert app.get('/').json['value'] == 1
 
 
-def test_a_transaction_given_at_work_commits_when_its_caller_says(starter):
+@pytest.mark.parametrize('pinned', [False, True])
+def test_a_transaction_given_at_work_commits_when_its_caller_says(
+    starter, postgresql_url, pinned
+):
     """The caller, not the request, ends a transaction it handed over: its
-    commit, after the requests have ended, drops what it changed."""
-    app, log = starter()
+    commit, after the requests have ended, drops what it changed (and
+    pins no client: no request is left to answer with a cookie)."""
+    url = postgresql_url.replace('%', '%%')
+    pin = [f'dbtune.read_urls = {url}', 'dbtune.pin_after_write = 3']
+    app, log = starter(*(pin if pinned else ()))
     router = app.app.registry.dbtune.router
     assert app.get('/price').json == {'value': 1}  # cached
     tm = transaction.TransactionManager(explicit=True)
