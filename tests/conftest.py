@@ -753,6 +753,16 @@ METHODS = [SEARCH, GET, AREAS, SET_RENT]
 LISTEN = {'dbtune.cache.listen': 'true', 'dbtune.cache.listen_every': '0.05'}
 
 
+def watched(url):
+    """The tables that triggers at ``url`` tell of changes to."""
+    engine = sa.create_engine(url, poolclass=sa.pool.NullPool)
+    try:
+        with engine.connect() as connection:
+            return triggers.watched(connection)
+    finally:
+        engine.dispose()
+
+
 def listening(url, apps, settings=LISTEN, methods=METHODS):
     """An app with the listener on, the triggers installed, listening."""
     create_tables(url)

@@ -39,6 +39,7 @@ from conftest import (
     run_sql,
     shared_settings,
     until,
+    watched,
 )
 
 #: Seconds a change made outside the app may take to reach a process.
@@ -515,15 +516,6 @@ def ini(tmp_path, url, **more):
     path = tmp_path / 'app.ini'
     path.write_text('\n'.join(lines) + '\n')
     return str(path)
-
-
-def watched(url):
-    engine = sa.create_engine(url, poolclass=sa.pool.NullPool)
-    try:
-        with engine.connect() as connection:
-            return triggers.watched(connection)
-    finally:
-        engine.dispose()
 
 
 def test_the_triggers_command(server_url, tmp_path, capsys):

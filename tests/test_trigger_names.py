@@ -13,16 +13,7 @@ import sqlalchemy as sa
 from pyramid_dbtune.cache import triggers
 from pyramid_dbtune.deploy.cli import main
 
-from conftest import LISTEN, call, run_sql
-
-
-def watched(url):
-    engine = sa.create_engine(url, poolclass=sa.pool.NullPool)
-    try:
-        with engine.connect() as connection:
-            return triggers.watched(connection)
-    finally:
-        engine.dispose()
+from conftest import LISTEN, call, run_sql, watched
 
 
 def app_ini(tmp_path, monkeypatch, url, sql):
