@@ -258,7 +258,8 @@ class Stats:
             self.next_tick = now + TICK
         finally:
             self._lock.release()
-        self.carry()
+        if self.multiprocess_dir is None:  # else the carrier thread's
+            self.carry()
         if last is None:
             return
         then, then_cpu, then_cache, then_served = last
