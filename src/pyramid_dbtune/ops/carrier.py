@@ -8,12 +8,15 @@ them once more when it exits, so that a worker that is recycled
 """
 
 import atexit
+import logging
 import os
 import threading
 import time
 import weakref
 
 __all__ = ['carry_at_exit', 'start']
+
+log = logging.getLogger(__name__)
 
 #: Every :class:`~.stats.Stats` whose figures are carried in this process
 #: (a forked child's, renewed, among them).
@@ -40,14 +43,29 @@ def start(stats, every):
 
 
 def _carry_every(ref, every):
+    failing = False  # said once a run of failures
     while True:
         stats = ref()
         if stats is None:
             return  # its app is gone
         with _forking:
-            stats.carry()
+            carried = _carry(stats, quiet=failing)
+        failing = not carried
         del stats
         time.sleep(every)
+
+
+def _carry(stats, quiet=False):
+    """Carry the figures of ``stats``: True, or False when that failed
+    (logged unless ``quiet``). A failure never stops the next carry, nor
+    another app's."""
+    try:
+        stats.carry()
+    except Exception:
+        if not quiet:
+            log.exception('pyramid_dbtune: the figures could not be carried')
+        return False
+    return True
 
 
 def carry_at_exit():
@@ -55,7 +73,7 @@ def carry_at_exit():
     that :func:`start` was given (registered with :mod:`atexit`: it runs
     when the process exits, as a gunicorn worker does)."""
     for stats in list(_carried):
-        stats.carry()
+        _carry(stats)
 
 
 atexit.register(carry_at_exit)
