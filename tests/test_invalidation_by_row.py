@@ -1174,6 +1174,20 @@ def test_strings_a_collation_may_find_equal_have_no_tag(mysql_url):
     engine.dispose()
 
 
+def test_digits_mysql_reads_as_no_number_have_no_tag(mysql_url):
+    # Other scripts' digits are digits to Python's int() and \d, not to
+    # MySQL: a read of '3' in Arabic-Indic digits finds the rows of 0.
+    engine = sa.create_engine(mysql_url, poolclass=sa.pool.NullPool)
+    with engine.connect() as connection:
+        for text in ('\u0663', '\uff13', '1\u0663'):  # and a wide 3
+            number = connection.exec_driver_sql(
+                f"SELECT CAST(_utf8mb4'{text}' AS SIGNED)"
+            ).scalar()
+            assert number != int(text), text
+            assert value_tag('t', 'a', text) is None, text
+    engine.dispose()
+
+
 def race_another_writer(app, path, url, ready, go):
     """GET ``path`` in a thread; once its view is ``ready``, move property
     2 to Burley by another connection and cache Burley's search, then let

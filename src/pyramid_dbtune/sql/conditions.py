@@ -27,7 +27,7 @@ _QUOTED = re.compile(r'"[^"]*"|`[^`]*`|\[[^\]]*\]')
 PLAIN = re.compile(r'[a-z_][a-z0-9_]*\Z')
 
 
-_INTEGER = re.compile(r'[+-]?\d+\Z')
+_INTEGER = re.compile(r'[+-]?[0-9]+\Z')  # not \d: MySQL's digits are ASCII
 #: What MySQL reads a number from, comparing a string with one.
 _NUMBER_LIKE = re.compile(r'[+-]?\.?\d')
 #: Printable ASCII: the strings whose equality every collation tells
