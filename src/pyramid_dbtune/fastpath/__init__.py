@@ -325,11 +325,11 @@ class FastPathPolicy:
         if responder is not None:
             method = environ.get('REQUEST_METHOD')
             if method == 'GET' or method == 'HEAD':
-                return _Answer(responder, method == 'HEAD')
+                return _FixedAnswer(responder, method == 'HEAD')
         return self.policy(environ, router)
 
 
-class _Answer:
+class _FixedAnswer:
     """What the router calls as the response: the responder, as WSGI."""
 
     __slots__ = ('responder', 'head')

@@ -12,7 +12,7 @@ from ..sql.method import SQLFileError
 from .connection import add_method, database
 
 
-class ISQLMethodsDirective(Interface):
+class IZopeSQLMethodsDirective(Interface):
     """``<dbtune:sqlmethods>``: every .sql and .zsql file of a directory."""
 
     directory = PathField(title='A directory of .sql and .zsql files')
@@ -35,7 +35,7 @@ def sqlmethods(_context, directory):
         )
 
 
-class SQLNamespace:
+class ZopeSQLNamespace:
     """``pyramid_dbtune.zope.sql``: the SQL methods ZCML registered, each
     called in Zope's current transaction: a read through the cache on the
     read pool (in a transaction that wrote: on the writer, uncached), a
@@ -60,4 +60,4 @@ class SQLNamespace:
         return call
 
 
-sql = SQLNamespace()
+sql = ZopeSQLNamespace()

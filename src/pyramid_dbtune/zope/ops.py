@@ -89,13 +89,13 @@ def operator_app(app, dbtune):
 
 def _published_by(app):
     def zope(request):
-        return _Answer(*request.call_application(app))
+        return _ZopeAnswer(*request.call_application(app))
 
     return zope
 
 
 @implementer(IResponse)
-class _Answer:
+class _ZopeAnswer:
     """Zope's answer as Zope gave it, headers and body: the timing tween
     adds its header. (WebOb's Response, which ``pyramid.wsgi.wsgiapp``
     gives, makes a relative ``Location`` absolute from the request's
