@@ -23,29 +23,29 @@ def configure(url=None, settings=None, include=True):
 
 
 @pytest.fixture
-def runtimes():
+def dbtunes():
     made = []
     yield made
-    for runtime in made:
-        if runtime.router is not None:
-            runtime.router.dispose()
+    for dbtune in made:
+        if dbtune.router is not None:
+            dbtune.router.dispose()
 
 
-def commit(config, runtimes):
-    runtimes.append(config.registry.dbtune)
+def commit(config, dbtunes):
+    dbtunes.append(config.registry.dbtune)
     config.commit()
     return config.registry.dbtune
 
 
 def test_include_sets_up_directives_request_methods_and_pyramid_tm(
-    sqlite_url, runtimes
+    sqlite_url, dbtunes
 ):
     config = configure(sqlite_url)
     config.include('pyramid_dbtune')  # twice is harmless
     config.add_sql_method('one', 'SELECT 1 AS x', cache_time=5)
-    runtime = commit(config, runtimes)
-    assert isinstance(runtime, DBTune)
-    registered = runtime.methods['one']
+    dbtune = commit(config, dbtunes)
+    assert isinstance(dbtune, DBTune)
+    registered = dbtune.methods['one']
     method, cache_time, key = (
         registered.method,
         registered.cache_time,
@@ -59,7 +59,7 @@ def test_include_sets_up_directives_request_methods_and_pyramid_tm(
     assert intr['sql'] == 'SELECT 1 AS x' and intr['method'] is method
 
 
-def test_pyramid_includes_setting(sqlite_url, runtimes):
+def test_pyramid_includes_setting(sqlite_url, dbtunes):
     config = Configurator(
         settings={
             'pyramid.includes': 'pyramid_dbtune',
@@ -67,8 +67,8 @@ def test_pyramid_includes_setting(sqlite_url, runtimes):
         }
     )
     config.add_sql_method('one', 'SELECT 1 AS x')
-    runtime = commit(config, runtimes)
-    assert 'one' in runtime.methods
+    dbtune = commit(config, dbtunes)
+    assert 'one' in dbtune.methods
 
 
 def test_bad_setting_stops_start_up():
@@ -92,10 +92,10 @@ def test_include_without_methods_needs_no_database():
     assert config.registry.dbtune.router is None
 
 
-def test_cache_time_override_must_name_a_method(sqlite_url, runtimes):
+def test_cache_time_override_must_name_a_method(sqlite_url, dbtunes):
     config = configure(sqlite_url, {'dbtune.cache_time.serach': '5'})
     config.add_sql_method('search', 'SELECT 1')
-    runtimes.append(config.registry.dbtune)
+    dbtunes.append(config.registry.dbtune)
     with pytest.raises(ConfigurationError) as info:
         config.make_wsgi_app()
     assert str(info.value) == (
@@ -103,38 +103,38 @@ def test_cache_time_override_must_name_a_method(sqlite_url, runtimes):
     )
 
 
-def test_settings_are_checked_once_the_app_is_made(sqlite_url, runtimes):
+def test_settings_are_checked_once_the_app_is_made(sqlite_url, dbtunes):
     # An app may commit before it registers its methods: an override of
     # one registered later is no error, and applies.
     config = configure(sqlite_url, {'dbtune.cache_time.search': '5'})
-    runtimes.append(config.registry.dbtune)
+    dbtunes.append(config.registry.dbtune)
     config.commit()
     config.add_sql_method('search', 'SELECT 1')
     config.make_wsgi_app()
     assert config.registry.dbtune.methods['search'].cache_time == 5
     # A setting changed after that first commit is an error still.
     config = configure(sqlite_url)
-    runtimes.append(config.registry.dbtune)
+    dbtunes.append(config.registry.dbtune)
     config.commit()
     config.add_settings({'dbtune.stats': 'true'})
     with pytest.raises(ConfigurationError, match='dbtune.stats changed'):
         config.make_wsgi_app()
 
 
-def test_two_methods_of_one_name_conflict(sqlite_url, runtimes):
+def test_two_methods_of_one_name_conflict(sqlite_url, dbtunes):
     config = configure(sqlite_url)
     config.add_sql_method('one', 'SELECT 1')
     config.add_sql_method('one', 'SELECT 2')
-    runtimes.append(config.registry.dbtune)
+    dbtunes.append(config.registry.dbtune)
     with pytest.raises(ConfigurationConflictError):
         config.commit()
 
 
-def test_a_ready_method_may_be_registered(sqlite_url, runtimes):
+def test_a_ready_method_may_be_registered(sqlite_url, dbtunes):
     config = configure(sqlite_url)
     method = SQLMethod('ready', 'SELECT 1', cache_time=3)
     assert config.add_sql_method(method) is method
-    ready = commit(config, runtimes).methods['ready']
+    ready = commit(config, dbtunes).methods['ready']
     assert (ready.method, ready.cache_time) == (method, 3)
 
 
@@ -144,21 +144,21 @@ def test_bad_method_fails_at_the_call_site():
         config.add_sql_method('no good', 'SELECT 1')
 
 
-def test_sql_directory(tmp_path, sqlite_url, runtimes):
+def test_sql_directory(tmp_path, sqlite_url, dbtunes):
     (tmp_path / 'a.sql').write_text('-- cache_time: 7\nSELECT 1 AS x')
     (tmp_path / 'b.sql').write_text('-- name: bee\nSELECT 2 AS x')
     (tmp_path / 'notes.txt').write_text('not SQL')
     config = configure(sqlite_url)
     methods = config.add_sql_methods(str(tmp_path))
     assert [m.name for m in methods] == ['a', 'bee']
-    runtime = commit(config, runtimes)
-    assert runtime.methods['a'].cache_time == 7 and 'bee' in runtime.methods
+    dbtune = commit(config, dbtunes)
+    assert dbtune.methods['a'].cache_time == 7 and 'bee' in dbtune.methods
 
 
-def test_sql_directory_from_an_asset_spec(sqlite_url, runtimes):
+def test_sql_directory_from_an_asset_spec(sqlite_url, dbtunes):
     config = configure(sqlite_url)
     config.add_sql_methods('accommodation:sql/')
-    assert 'search_properties' in commit(config, runtimes).methods
+    assert 'search_properties' in commit(config, dbtunes).methods
 
 
 def test_sql_directory_errors(tmp_path, sqlite_url):

@@ -318,7 +318,7 @@ def test_a_sampler_that_fails_is_not_left_running(app, monkeypatch, caplog):
 
 
 def test_after_a_fork_no_request_is_running(app):
-    runtime = app.app.registry.dbtune
-    runtime.active[12345] = object()
-    runtime.profiler.after_fork()
-    assert runtime.active == {}
+    dbtune = app.app.registry.dbtune
+    dbtune.active[12345] = object()
+    dbtune.profiler.after_fork()
+    assert dbtune.active == {}

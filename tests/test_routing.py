@@ -736,10 +736,10 @@ def test_oracle_urls_compile_sql_methods():
 def test_after_fork_drops_connections_and_makes_new_locks(sqlite_url, apps):
     methods = [{'name': 'one', 'sql': 'SELECT :n AS n'}]
     app = apps(sqlite_url, methods)
-    runtime = app.app.registry.dbtune
+    dbtune = app.app.registry.dbtune
     request = prepare(registry=app.app.registry)['request']
     request.sql.one(n=1)
-    router, cache = runtime.router, runtime.cache
+    router, cache = dbtune.router, dbtune.cache
     slots, lock = router.write_slots, cache._lock
     router.after_fork()
     cache.after_fork()

@@ -79,8 +79,8 @@ def test_everything_off_installs_no_tween_and_no_view(sqlite_url, apps):
     app = apps(sqlite_url, [SEARCH], {'dbtune.stats.token': TOKEN})
     assert TWEEN not in tween_names(app)
     assert 'pyramid_tm.tm_tween_factory' in tween_names(app)
-    runtime = app.app.registry.dbtune
-    assert runtime.stats is runtime.profiler is runtime.active is None
+    dbtune = app.app.registry.dbtune
+    assert dbtune.stats is dbtune.profiler is dbtune.active is None
     routes = app.app.registry.introspector.get_category('routes')
     assert not [r for r in routes if r['introspectable']['pattern']
                 .startswith('/_dbtune/')]  # fmt: skip
@@ -350,14 +350,14 @@ def test_in_flight_and_gil_wait_with_real_threads(
         return {}
 
     app = apps(sqlite_url, [], ON, views={'/wait': wait, '/spin': spin})
-    runtime = app.app.registry.dbtune
+    dbtune = app.app.registry.dbtune
     threads = [
         threading.Thread(target=app.get, args=('/wait',)) for _ in range(3)
     ]
     for thread in threads:
         thread.start()
     inside.wait()
-    assert runtime.stats.snapshot()['parallelism']['in_flight'] == 3
+    assert dbtune.stats.snapshot()['parallelism']['in_flight'] == 3
     inside.wait()
     for thread in threads:
         thread.join()
@@ -366,7 +366,7 @@ def test_in_flight_and_gil_wait_with_real_threads(
     assert parallelism['in_flight'] == 0
 
     # Two threads spinning in Python: each runs about half the time.
-    runtime.stats.reset()
+    dbtune.stats.reset()
     threads = [
         threading.Thread(target=lambda: [app.get('/spin') for _ in range(4)])
         for _ in range(2)
@@ -494,7 +494,7 @@ def test_routes_share_their_latencies_and_are_bounded(
     monkeypatch.setattr(stats, 'MAX_ROUTES', 2)
     views = {f'/r{i}': hello for i in range(4)}
     app = apps(sqlite_url, [], ON, views=views)
-    runtime = app.app.registry.dbtune
+    dbtune = app.app.registry.dbtune
 
     def drive():
         for i in range(4):
@@ -516,9 +516,9 @@ def test_routes_share_their_latencies_and_are_bounded(
     assert routes[stats.OTHER_ROUTES]['requests'] == 36
     assert figures['requests'] == 72
     # One window of latencies per route, whatever the threads.
-    kept = [name for name, r in runtime.stats.routes.items() if r]
+    kept = [name for name, r in dbtune.stats.routes.items() if r]
     assert sorted(kept) == [stats.OTHER_ROUTES, '/r0', '/r1']
-    assert len(runtime.stats.routes['/r0'].recent) == 18
+    assert len(dbtune.stats.routes['/r0'].recent) == 18
     app.get('/r0')
     assert stats_of(app)['routes']['/r0']['requests'] == 19
     metrics = metrics_of(app)
@@ -531,8 +531,8 @@ def test_a_tick_counts_the_requests_of_every_thread(
 ):
     monkeypatch.setattr(stats, 'TICK', 3600.0)
     app = apps(sqlite_url, [SEARCH], ON)
-    runtime = app.app.registry.dbtune
-    runtime.stats.reset()
+    dbtune = app.app.registry.dbtune
+    dbtune.stats.reset()
     call(app, ('search', {'area': 'Burley'}))  # the first point starts
     # A thread per connection, as some servers do: it ends.
     worker = threading.Thread(
@@ -540,8 +540,8 @@ def test_a_tick_counts_the_requests_of_every_thread(
     )
     worker.start()
     worker.join()
-    runtime.stats.tick(time.perf_counter() + 7200)
-    assert [p['requests'] for p in runtime.stats.history] == [2]
+    dbtune.stats.tick(time.perf_counter() + 7200)
+    assert [p['requests'] for p in dbtune.stats.history] == [2]
 
 
 def test_a_route_whose_first_request_is_being_counted_is_not_shown(
@@ -568,8 +568,8 @@ def test_the_recent_cpu_ratio_is_the_mean_of_the_last_points(
 def test_history_points_for_the_chart(sqlite_url, apps, monkeypatch):
     monkeypatch.setattr(stats, 'TICK', 0.0)
     app = apps(sqlite_url, [SEARCH], ON)
-    runtime = app.app.registry.dbtune
-    runtime.stats.reset()
+    dbtune = app.app.registry.dbtune
+    dbtune.stats.reset()
     call(app, ('search', {'area': 'Burley'}))
     call(app, ('search', {'area': 'Burley'}))
     history = stats_of(app)['history']
@@ -579,17 +579,17 @@ def test_history_points_for_the_chart(sqlite_url, apps, monkeypatch):
     # A point counts every request of its interval, not only the latencies
     # it keeps for its percentiles.
     monkeypatch.setattr(stats, 'RECENT', 1)
-    runtime.stats.reset()
+    dbtune.stats.reset()
     for _ in range(4):
         call(app, ('search', {'area': 'Burley'}))
     assert sum(p['requests'] for p in stats_of(app)['history']) == 4
     # A tick another thread is taking is not taken twice.
-    before = len(runtime.stats.history)
-    with runtime.stats._lock:
-        runtime.stats.tick(time.perf_counter() + 100)
-    assert len(runtime.stats.history) == before
-    runtime.stats.tick(time.perf_counter() + 100)
-    assert len(runtime.stats.history) == before + 1
+    before = len(dbtune.stats.history)
+    with dbtune.stats._lock:
+        dbtune.stats.tick(time.perf_counter() + 100)
+    assert len(dbtune.stats.history) == before
+    dbtune.stats.tick(time.perf_counter() + 100)
+    assert len(dbtune.stats.history) == before + 1
 
 
 def test_no_database_and_other_caches(tmp_path, memcached):
@@ -652,10 +652,10 @@ def test_stats_need_prometheus_client(monkeypatch):
 def test_after_fork_starts_afresh(sqlite_url, apps):
     app = apps(sqlite_url, [SEARCH], {**ON, 'dbtune.profile': 'true'})
     call(app, ('search', {'area': 'Burley'}))
-    runtime = app.app.registry.dbtune
-    runtime.stats.after_fork()
-    runtime.profiler.after_fork()
-    assert runtime.profiler.samples == 0 and not runtime.profiler.running
+    dbtune = app.app.registry.dbtune
+    dbtune.stats.after_fork()
+    dbtune.profiler.after_fork()
+    assert dbtune.profiler.samples == 0 and not dbtune.profiler.running
     assert stats_of(app)['requests'] == 0
 
 
@@ -663,19 +663,19 @@ def test_a_request_does_not_fail_for_its_figures(
     sqlite_url, monkeypatch, caplog
 ):
     app = make_app(sqlite_url, [SEARCH], ON)
-    runtime = app.app.registry.dbtune
+    dbtune = app.app.registry.dbtune
 
     def out_of_space(*args):
         raise OSError(28, 'No space left on device')
 
-    monkeypatch.setattr(runtime.stats, 'count', out_of_space)
+    monkeypatch.setattr(dbtune.stats, 'count', out_of_space)
     for _ in range(2):
         call(app, ('search', {'area': 'Burley'}))
     said = [r for r in caplog.records if 'could not be counted' in r.message]
     assert len(said) == 1 and said[0].exc_info  # once
     # Nothing is left running.
-    assert runtime.stats.in_flight() == 0 and not runtime.active
-    runtime.close()
+    assert dbtune.stats.in_flight() == 0 and not dbtune.active
+    dbtune.close()
 
 
 @pytest.fixture
@@ -696,11 +696,11 @@ def test_a_process_carries_from_its_start_serving_or_not(
     # child forked from it (gunicorn --preload) from the fork. No request
     # nor scrape here: only the process's own thread carries.
     app = make_app(sqlite_url, [SEARCH], ON)
-    runtime = app.app.registry.dbtune
-    cache = runtime.cache
+    dbtune = app.app.registry.dbtune
+    cache = dbtune.cache
 
     def misses():
-        return runtime.stats.registry.get_sample_value(
+        return dbtune.stats.registry.get_sample_value(
             'dbtune_cache_events_total', {'event': 'misses'}
         )
 
@@ -716,7 +716,7 @@ def test_a_process_carries_from_its_start_serving_or_not(
     cache.get_or_fill('last', 60, (), lambda: [(1,)])
     carrier.carry_at_exit()
     assert misses() == 2
-    runtime.close()
+    dbtune.close()
 
 
 def test_a_forked_process_counts_only_what_it_did(sqlite_url, apps):

@@ -161,13 +161,13 @@ def test_the_zcml_include_after_the_python_include(tmp_path):
     path = write_zcml(tmp_path, '<dbtune:sqlmethods directory="sql" />')
     with Configurator(settings={'dbtune.url': 'sqlite://'}) as config:
         config.include('pyramid_dbtune')
-        runtime = config.registry.dbtune
+        dbtune = config.registry.dbtune
         config.include('pyramid_zcml')
         config.load_zcml(str(path))
         app = config.make_wsgi_app()
-    # Set up once: the runtime is the first one, the method is on it.
-    assert app.registry.dbtune is runtime and set(runtime.methods) == {'one'}
-    runtime.router.dispose()
+    # Set up once: the dbtune is the first one, the method is on it.
+    assert app.registry.dbtune is dbtune and set(dbtune.methods) == {'one'}
+    dbtune.router.dispose()
 
 
 def test_the_python_include_after_the_zcml_include(tmp_path):
@@ -175,8 +175,8 @@ def test_the_python_include_after_the_zcml_include(tmp_path):
     with Configurator(settings={'dbtune.url': 'sqlite://'}) as config:
         config.include('pyramid_zcml')
         config.load_zcml(str(path))
-        runtime = config.registry.dbtune
+        dbtune = config.registry.dbtune
         config.include('pyramid_dbtune')  # not a conflict
         app = config.make_wsgi_app()
-    assert app.registry.dbtune is runtime and set(runtime.methods) == {'one'}
-    runtime.router.dispose()
+    assert app.registry.dbtune is dbtune and set(dbtune.methods) == {'one'}
+    dbtune.router.dispose()

@@ -60,7 +60,7 @@ class ISQLMethodDirective(Interface):
     )
 
 
-def _runtime_config(_context, directive):
+def _pyramid_config(_context, directive):
     config = with_context(_context)
     if getattr(config.registry, 'dbtune', None) is None:
         raise ConfigurationError(
@@ -71,7 +71,7 @@ def _runtime_config(_context, directive):
 
 
 def sqlmethod(_context, name=None, file=None, sql=None, **kw):
-    config = _runtime_config(_context, 'sqlmethod')
+    config = _pyramid_config(_context, 'sqlmethod')
     if (file is None) == (sql is None):
         raise ConfigurationError(
             '<dbtune:sqlmethod> takes either file="..." or sql="...", '
@@ -116,4 +116,4 @@ class ISQLMethodsDirective(Interface):
 
 
 def sqlmethods(_context, directory):
-    _runtime_config(_context, 'sqlmethods').add_sql_methods(directory)
+    _pyramid_config(_context, 'sqlmethods').add_sql_methods(directory)
