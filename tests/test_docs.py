@@ -79,3 +79,18 @@ def test_buildout_is_in_the_readme_and_the_docs():
     for text in (readme, _text('deployment.rst')):
         assert 'pip install zc.buildout' in text
         assert 'bin/pytest' in text
+
+
+SUBPACKAGES = sorted(
+    p.parent.name
+    for p in Path(pyramid_dbtune.__file__).parent.glob('*/__init__.py')
+)
+
+
+@pytest.mark.parametrize('name', SUBPACKAGES)
+def test_every_subpackage_opens_with_one_line_of_what_it_is(name):
+    import importlib
+
+    text = importlib.import_module(f'pyramid_dbtune.{name}').__doc__
+    first, *rest = text.split('\n')
+    assert first.endswith('.') and (not rest or not rest[0].strip()), name

@@ -1,2 +1,5 @@
-"""Deployment: gunicorn's settings and hooks, fork safety, and the
-``dbtune`` command."""
+"""Deployment: gunicorn, fork safety and the ``dbtune`` command.
+
+gunicorn's settings and hooks (:mod:`.gunicorn`), what a fork renews, and
+the command's ``threadcheck`` and ``triggers``.
+"""

@@ -1,2 +1,5 @@
-"""Operations: the timing tween, stats, the profiler, the probes, the
-dashboard, and who may see them."""
+"""Operations: what an operator sees of the site, and who may see it.
+
+The timing tween, stats, the profiler, the probes, the dashboard, and
+their access.
+"""

@@ -1,2 +1,5 @@
-"""SQL methods: named statements, ``.sql`` and ``.zsql`` files, what a
-statement reads and writes, and the rows it returns."""
+"""SQL methods: named statements, and what they read, write and return.
+
+``.sql`` and ``.zsql`` files, what a statement reads and writes, and the
+rows it returns.
+"""

@@ -1,7 +1,10 @@
-"""The Zope side: a database connection that a Zope site's ZSQL Methods
-use by ``connection_id``, unchanged, on the package's cache, read pool
-and write slots (``<include package="pyramid_dbtune.zope" />``); and
-:data:`sql`, the package's own SQL methods for code-first sites."""
+"""The Zope side: the package in a Zope site, through ZCML.
+
+A database connection that a Zope site's ZSQL Methods use by
+``connection_id``, unchanged, on the package's cache, read pool and write
+slots (``<include package="pyramid_dbtune.zope" />``); and :data:`sql`,
+the package's own SQL methods for code-first sites.
+"""
 
 from .connection import (
     DBTuneConnection,
