@@ -438,7 +438,7 @@ def parse(settings):
             'it bounds the lag of replicas'
         )
     return Settings(
-        **{name.replace('.', '_'): value for name, value in values.items()},
+        **{s.field: values[s.name] for s in TABLE},
         cache_times=MappingProxyType(per_method[CACHE_TIME_PREFIX]),
         invalidates=MappingProxyType(per_method[INVALIDATE_PREFIX]),
     )
