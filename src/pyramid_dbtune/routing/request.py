@@ -122,8 +122,7 @@ class BoundSQLMethod:
             )
         context = self._context
         unit = context.unit
-        if unit._session is not None:
-            unit.flush()
+        unit.flush()
         if method.writes or unit.dirty or unit.settings or unit.stays:
             context.cache['uncached'] += 1
             return context.execute(method, params)
