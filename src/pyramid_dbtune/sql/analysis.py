@@ -59,16 +59,16 @@ _FROM_ENDS = frozenset(
 # hides what it holds (a quote, a comment's start). Databases differ in
 # what they take as a literal or a comment (a backslash, #, $$, nesting):
 # the text is read as each of them reads it and the findings joined, so
-# that none hides a table. SQLite reads as _LITERAL_STANDARD does;
-# _LITERAL_BACKSLASH is PostgreSQL without standard_conforming_strings.
+# that none hides a table. SQLite reads as LITERAL_STANDARD does;
+# LITERAL_BACKSLASH is PostgreSQL without standard_conforming_strings.
 _COMMENT = r'--[^\n]*|/\*.*?\*/'
-_LITERAL_STANDARD = re.compile(
+LITERAL_STANDARD = re.compile(
     rf"""(?P<literal>'(?:''|[^'])*')
       | (?P<name>"(?:""|[^"])*"|`(?:``|[^`])*`)
       | {_COMMENT}""",
     re.DOTALL | re.VERBOSE,
 )
-_LITERAL_BACKSLASH = re.compile(
+LITERAL_BACKSLASH = re.compile(
     rf"""(?P<literal>'(?:''|\\.|[^'\\])*')
       | (?P<name>"(?:""|\\.|[^"\\])*"|`(?:``|[^`])*`)
       | {_COMMENT}""",
@@ -85,30 +85,30 @@ _TOKEN = re.compile(
 
 
 #: The readings a statement's tables are told by, joined.
-_READINGS = (_LITERAL_STANDARD, _LITERAL_BACKSLASH, *READINGS.values())
+_READINGS = (LITERAL_STANDARD, LITERAL_BACKSLASH, *READINGS.values())
 #: Those that apply to a database, by SQLAlchemy's name for it: a text of
 #: another, or of a database not known, is read every way.
 _DIALECT_READINGS = {
     'postgresql': (
-        _LITERAL_STANDARD,
-        _LITERAL_BACKSLASH,  # without standard_conforming_strings
+        LITERAL_STANDARD,
+        LITERAL_BACKSLASH,  # without standard_conforming_strings
         READINGS['PostgreSQL or SQLite'],
     ),
-    'sqlite': (_LITERAL_STANDARD, READINGS['PostgreSQL or SQLite']),
+    'sqlite': (LITERAL_STANDARD, READINGS['PostgreSQL or SQLite']),
     'mysql': (READINGS['MySQL'], READINGS['MySQL with NO_BACKSLASH_ESCAPES']),
 }
 _DIALECT_READINGS['mariadb'] = _DIALECT_READINGS['mysql']
 _BLANKED = {'literal': "''", 'comment': ' '}
 
 
-def blank(sql, literal=_LITERAL_STANDARD):
+def blank(sql, literal=LITERAL_STANDARD):
     """``sql`` with each literal as ``''`` and each comment as a space."""
     return ''.join(
         _BLANKED.get(kind, text) for kind, text in pieces(sql, literal)
     )
 
 
-def tokens(sql, literal=_LITERAL_STANDARD):
+def tokens(sql, literal=LITERAL_STANDARD):
     """The words of ``sql`` as ``literal`` reads it: each literal as
     ``''``, a quoted name as one word, no comments."""
     words = []
@@ -144,7 +144,7 @@ def _how_named(words):
     return 'quoted' if unquoted != words[0] else 'capitals'
 
 
-class _Reader:
+class TokenReader:
     """Walks a statement's tokens; ``lower`` holds them lower-cased;
     ``written`` gathers the names not written plainly (:func:`names`)."""
 
@@ -359,7 +359,7 @@ def _targets(reader, starts):
 def _analyse(words, written=None):
     if not words:
         return True, None
-    reader = _Reader(words, written)
+    reader = TokenReader(words, written)
     first = next((w for w in reader.lower if w != '('), '')
     starts = reader.statement_words()
     if (

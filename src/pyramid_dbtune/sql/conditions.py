@@ -14,7 +14,7 @@ import functools
 import re
 from dataclasses import dataclass
 
-from .analysis import _LITERAL_BACKSLASH, _LITERAL_STANDARD, _Reader, tokens
+from .analysis import LITERAL_BACKSLASH, LITERAL_STANDARD, TokenReader, tokens
 from .readings import READINGS
 
 #: Words that end a WHERE clause at the top level.
@@ -32,9 +32,9 @@ _INTEGER = re.compile(r'[+-]?[0-9]+\Z')  # not \d: MySQL's digits are ASCII
 _NUMBER_LIKE = re.compile(r'[+-]?\.?\d')
 #: Printable ASCII: the strings whose equality every collation tells
 #: alike, whatever its case.
-_PRINTABLE = re.compile('[ -~]*\\Z')
+PRINTABLE = re.compile('[ -~]*\\Z')
 #: Unicode's combining marks (accents), once a string is decomposed.
-_ACCENTS = re.compile(
+ACCENTS = re.compile(
     '[\u0300-\u036f\u1ab0-\u1aff\u1dc0-\u1dff\u20d0-\u20ff\ufe20-\ufe2f]'
 )
 #: The longest string a read is pinned by, or a write's rows told by.
@@ -77,7 +77,7 @@ def _tag(table, column, value):
         if not _INTEGER.match(text):
             if not text or _NUMBER_LIKE.match(text):
                 return None  # MySQL may read it as a number, or as 0
-            if not _PRINTABLE.match(text):
+            if not PRINTABLE.match(text):
                 # Collations differ on the rest: 'é' is 'e' to most, 'ä'
                 # is 'ae' to german2_ci, 'å' 'aa' to danish_ci; 'ß' is
                 # 's' to general_ci, '²' is '2' to unicode_ci; and they
@@ -91,11 +91,11 @@ def _tag(table, column, value):
     return f'{table}.{column}={value}'
 
 
-def _words(sql):
+def standard_words(sql):
     """The tokens of ``sql``, or None where a database reads it otherwise
     than standard SQL: a backslash in a literal, MySQL's ``#`` comments,
     ``$$`` strings."""
-    words = tokens(sql, _LITERAL_STANDARD)
+    words = tokens(sql, LITERAL_STANDARD)
     for literal in _OTHER_READINGS:
         if tokens(sql, literal) != words:
             return None
@@ -103,10 +103,10 @@ def _words(sql):
 
 
 #: The other readings a text's words must be the same under, to be told.
-_OTHER_READINGS = (_LITERAL_BACKSLASH, *READINGS.values())
+_OTHER_READINGS = (LITERAL_BACKSLASH, *READINGS.values())
 
 
-def _split(reader, start, stop, word):
+def split_runs(reader, start, stop, word):
     """The runs of tokens from ``start`` to ``stop`` between ``word`` at
     the depth of ``start``."""
     runs, run = [], []
@@ -120,7 +120,7 @@ def _split(reader, start, stop, word):
     return [*runs, run]
 
 
-def _where(reader):
+def where_span(reader):
     """``(start, stop)`` of the one top-level WHERE's condition, or None."""
     at = [i for i, w in enumerate(reader.lower) if w == 'where']
     if len(at) != 1 or reader.depth[at[0]]:
@@ -167,14 +167,14 @@ def read_pins(sql, tables, pipes_or=True):
     """``((column, parameter), ...)`` that a read of the one table
     ``tables`` holds requires, in order, or ``()``. ``pipes_or``: ``||``
     is ``OR``, as MySQL reads it (others join strings with it)."""
-    words = _words(sql)
+    words = standard_words(sql)
     if words is None or len(tables) != 1:
         return ()
-    reader = _Reader(words)
+    reader = TokenReader(words)
     lower = reader.lower
     if lower.count('select') != 1 or not _UNPINNED.isdisjoint(lower):
         return ()
-    where = _where(reader)
+    where = where_span(reader)
     if where is None or 'from' not in lower:  # PostgreSQL's TABLE x, say
         return ()
     start = lower.index('from')
@@ -185,7 +185,7 @@ def read_pins(sql, tables, pipes_or=True):
         return ()
     if 'case' in lower[slice(*where)]:  # its own ANDs, not the WHERE's
         return ()
-    runs = _split(reader, *where, 'and')
+    runs = split_runs(reader, *where, 'and')
     either = _EITHER if pipes_or else _EITHER - {'|'}
     if any(
         lower[i] in either and not reader.depth[i] for r in runs for i in r
@@ -222,10 +222,10 @@ def write_shape(sql):
     """The :class:`WriteShape` of a single-table ``UPDATE ... SET ...
     WHERE``, ``DELETE FROM ... WHERE`` or ``INSERT INTO t (...) VALUES
     (...)``, or None."""
-    words = _words(sql)
+    words = standard_words(sql)
     if words is None:
         return None
-    reader = _Reader(words)
+    reader = TokenReader(words)
     lower = reader.lower
     kind = lower[0]
     if kind == 'insert':
@@ -236,7 +236,7 @@ def write_shape(sql):
         table, i = words[2], 3
     else:
         return None
-    where = _where(reader)
+    where = where_span(reader)
     if (
         not PLAIN.match(table)
         or where is None
@@ -251,7 +251,7 @@ def write_shape(sql):
     if kind == 'update':
         if reader.at(i) != 'set':
             return None
-        for run in _split(reader, i + 1, where[0] - 1, ','):
+        for run in split_runs(reader, i + 1, where[0] - 1, ','):
             named = [words[j] for j in run]
             if len(named) < 3 or named[1] != '=' or not PLAIN.match(named[0]):
                 return None
@@ -270,7 +270,7 @@ def foreign_reach(sql):
     ``INSERT`` that neither updates nor replaces a row on a conflict;
     those an ``UPDATE`` sets, where it tells them; None (any, and the
     rows may go) for any other write (a ``DELETE``, say)."""
-    words = [w.lower() for w in _words(sql) or ()]
+    words = [w.lower() for w in standard_words(sql) or ()]
     if words[:1] == ['insert'] and 'update' not in words:
         # SQLite's INSERT OR REPLACE deletes the rows it conflicts with.
         return None if words[1:3] == ['or', 'replace'] else frozenset()
@@ -292,9 +292,12 @@ def _insert(reader):
     end = reader.skip_parens(close + 1)
     if end != len(words):
         return None  # several rows, or more after them
-    columns = [words[i] for i in _split(reader, 4, close - 1, ',') for i in i]
+    columns = [
+        words[i] for i in split_runs(reader, 4, close - 1, ',') for i in i
+    ]
     values = [
-        [words[i] for i in r] for r in _split(reader, close + 2, end - 1, ',')
+        [words[i] for i in r]
+        for r in split_runs(reader, close + 2, end - 1, ',')
     ]
     if len(columns) != len(values) or not all(map(PLAIN.match, columns)):
         return None
@@ -309,7 +312,7 @@ def _where_text(sql):
     """The raw text after the WHERE of ``sql``, which has one."""
     # Literals, comments and quoted names blanked to their own length:
     # the one WHERE left is the keyword, where it stands.
-    blanked = _LITERAL_STANDARD.sub(lambda m: ' ' * len(m.group()), sql)
+    blanked = LITERAL_STANDARD.sub(lambda m: ' ' * len(m.group()), sql)
     blanked = _QUOTED.sub(lambda m: ' ' * len(m.group()), blanked)
     # A parameter (``:where``) is no keyword either.
     found = re.search(r'(?<![:\w])where\b', blanked, re.I)

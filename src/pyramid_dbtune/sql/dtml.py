@@ -7,7 +7,7 @@ import math
 import re
 
 from . import analysis
-from .method import _SEQUENCES
+from .method import SEQUENCES
 
 
 class _Absent:
@@ -174,7 +174,7 @@ def _convert(render, arg, kind, value):
     if not isinstance(value, str):
         # Anything else as its text, as Zope wrote it (a Zope DateTime,
         # say); but for lists and dicts, whose text is no value.
-        if isinstance(value, (*_SEQUENCES, dict)):
+        if isinstance(value, (*SEQUENCES, dict)):
             render.fail(ValueError, arg, f'cannot be bound: {value!r}')
         value = str(value)
     return value

@@ -24,7 +24,7 @@ _SCALARS = (
     type(None), bool, int, float, str, bytes, decimal.Decimal, datetime.date,
     datetime.datetime, datetime.time, datetime.timedelta, uuid.UUID,
 )  # fmt: skip
-_SEQUENCES = (list, tuple, set, frozenset)
+SEQUENCES = (list, tuple, set, frozenset)
 
 
 def _check_number(what, value, *, integer=False):
@@ -278,7 +278,7 @@ class SQLMethod:
         """
         self.check_names(params)
         for key, value in params.items():
-            if isinstance(value, _SEQUENCES):
+            if isinstance(value, SEQUENCES):
                 bad = [v for v in value if not isinstance(v, _SCALARS)]
                 if bad:
                     self._unbindable(key, bad[0], ' inside a list')

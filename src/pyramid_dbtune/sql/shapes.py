@@ -31,13 +31,13 @@ import functools
 import re
 from dataclasses import dataclass
 
-from .analysis import _Reader
+from .analysis import TokenReader
 from .conditions import (
-    _ACCENTS,
-    _PRINTABLE,
-    _split,
-    _where,
-    _words,
+    ACCENTS,
+    PRINTABLE,
+    split_runs,
+    standard_words,
+    where_span,
 )
 
 _OPS = {'=', '<>', '!=', '<', '<=', '>', '>='}
@@ -101,10 +101,10 @@ class ReadShape:
 def read_shape(sql, tables):
     """The :class:`ReadShape` of a read of the one table ``tables`` holds,
     or None."""
-    words = _words(sql)
+    words = standard_words(sql)
     if words is None or len(tables) != 1:
         return None
-    reader = _Reader(words)
+    reader = TokenReader(words)
     lower = reader.lower
     if lower[:1] != ['select'] or _REFUSED & set(lower[1:]):
         return None
@@ -113,13 +113,13 @@ def read_shape(sql, tables):
     except ValueError:
         return None
     (table,) = tables
-    where = _where(reader)
+    where = where_span(reader)
     after = where[0] - 1 if where else _clause_start(reader, start + 2)
     if lower[start + 1 : start + 2] != [table] or after != start + 2:
         return None  # a schema, an alias, a second table
     conditions = []
     if where is not None:
-        for run in _split(reader, *where, 'and'):
+        for run in split_runs(reader, *where, 'and'):
             condition = _comparison([words[i] for i in run])
             if condition is None:
                 return None
@@ -200,7 +200,7 @@ def _items(reader, i, stop):
     """The select list's items, each ``(aggregate or None, column or
     None)``, or None where one is something else."""
     items = []
-    for run in _split(reader, i, stop, ','):
+    for run in split_runs(reader, i, stop, ','):
         words = [reader.lower[j] for j in run]
         if len(words) >= 3 and words[-2] == 'as':
             words = words[:-2]  # the name a column is given changes nothing
@@ -281,7 +281,7 @@ def _compare(a, b):
         _DIGIT.search(a)
         or _DIGIT.search(b)
         or _folded(a) == _folded(b)
-        or not (_PRINTABLE.match(a) and _PRINTABLE.match(b))
+        or not (PRINTABLE.match(a) and PRINTABLE.match(b))
     ):
         # Equal where a collation ignores case, accents or spaces (or
         # takes 'ß' for 's', 'Æ' for 'AE'), or where they are a date or
@@ -328,7 +328,7 @@ def _folded(text):
     import unicodedata
 
     text = unicodedata.normalize('NFKD', text.strip())
-    return _ACCENTS.sub('', text).casefold()
+    return ACCENTS.sub('', text).casefold()
 
 
 def _holds(op, order):
