@@ -35,6 +35,10 @@ class Registered:
     #: which rows it holds (``SQLMethod.shape``), where writes told by
     #: row images are matched against them and patched in
     shape: ReadShape | None = None
+    # What __post_init__ derives, and the tags remembered by tags(): a
+    # memo of the hit path, not part of what the method is.
+    _names: list = field(init=False, repr=False, compare=False)
+    _values: object = field(init=False, repr=False, compare=False)
     _memo: dict = field(default_factory=dict, repr=False, compare=False)
 
     def __post_init__(self):
