@@ -143,6 +143,10 @@ def includeme(config):
     """
     if getattr(config.registry, 'dbtune', None) is not None:
         return  # Pyramid would include it again, and conflict
+    # Parsed now, not in a deferred action as pyramid_retry does: the
+    # settings decide the routes, and an action added during the commit
+    # runs after every action of its order, the application's routes'
+    # among them. A later change is refused (check_unchanged).
     install(config, DBTune(_settings.parse(config.get_settings())))
 
 
