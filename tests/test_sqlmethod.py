@@ -162,8 +162,13 @@ def test_sql_file_defaults(tmp_path):
          "'cache_tme' (did you mean 'cache_time'?"),
         ('--\n-- max_rows: lots\nSELECT 1', "bad.sql:2: max_rows = 'lots' "
          'is not a whole number'),
-        ('-- cache_time: -3\nSELECT 1', 'bad.sql: SQL method \'bad\': '
-         'cache_time must be'),
+        ('-- cache_time: -3\nSELECT 1', "bad.sql:1: cache_time = '-3' is "
+         'not a number of seconds, 0 or more'),
+        # Digits of other scripts are no number to a header.
+        ('-- max_rows: \u0665\nSELECT 1', "bad.sql:1: max_rows = '\u0665' "
+         'is not a whole number, 0 or more'),
+        ('-- cache_time: nan\nSELECT 1', "bad.sql:1: cache_time = 'nan' is "
+         'not a number of seconds'),
         ('-- name: 9lives\nSELECT 1', 'bad.sql: SQL method name'),
         ('-- cache_time: 1\n-- only comments', 'sql must be a statement'),
     ],

@@ -246,6 +246,8 @@ def test_an_unsupported_tag_names_file_line_and_tag(tmp_path):
         ('arguments: a a', 'SELECT 1', "argument 'a' is declared twice"),
         ('max_rows: -1', 'SELECT 1', ":2: max_rows = '-1' is not a whole "
          'number, 0 or more'),
+        ('max_cache: \u0665', 'SELECT 1', ":2: max_cache = '\u0665' is not "
+         'a whole number, 0 or more'),
         ('cache_time: soon', 'SELECT 1', ":2: cache_time = 'soon' is not a "
          'number of seconds'),
         ('cache_time: -1', 'SELECT 1', ':2: cache_time'),

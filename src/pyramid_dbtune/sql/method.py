@@ -16,7 +16,7 @@ from pathlib import Path
 
 from sqlalchemy import bindparam, text
 
-from ..convert import as_bool
+from ..convert import as_bool, as_seconds, whole_number
 from . import analysis, conditions, readings, shapes
 from .analysis import ANY_TABLE
 
@@ -343,12 +343,23 @@ def table_names(text):
     return text
 
 
+def header_count(text):
+    """A header's whole number, 0 or more, in ASCII digits."""
+    number = whole_number(text.strip())
+    if number is None:
+        raise ValueError(text)
+    return number
+
+
+#: How a header key both files take is read, and what it takes.
+SECONDS = (as_seconds, 'a number of seconds, 0 or more')
+COUNT = (header_count, 'a whole number, 0 or more')
 #: The header keys of a ``.sql`` file, how each value is read, and what a
 #: bad one should have been.
 _HEADER_KEYS = {
     'name': (str, 'a name'),
-    'cache_time': (float, 'a number'),
-    'max_rows': (int, 'a whole number'),
+    'cache_time': SECONDS,
+    'max_rows': COUNT,
     'tables': (table_names, 'table names, separated by commas'),
     'writes': (as_bool, 'true or false'),
     'invalidate': (as_bool, 'true or false'),
@@ -442,8 +453,6 @@ def load_sql_file(path, **overrides):
         if match is not None:
             entries.append((number, match.group(1), match.group(2)))
     options.update(read_header(path, entries, _HEADER_KEYS))
-    if 'cache_time' in options and options['cache_time'].is_integer():
-        options['cache_time'] = int(options['cache_time'])
     sql = '\n'.join(lines[body:])
     options.update(overrides)
     name = options.pop('name')

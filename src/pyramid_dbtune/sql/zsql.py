@@ -35,6 +35,8 @@ from .analysis import ANY_TABLE
 from .dtml import ABSENT, Render, if_nodes, place, render_all
 from .dtml_parser import MAX_VARIANTS, Parser
 from .method import (
+    COUNT,
+    SECONDS,
     SQLFileError,
     SQLMethod,
     header_key,
@@ -271,28 +273,14 @@ class ZSQLMethod(SQLMethod):
 _BIND_TYPES = {'int': BigInteger(), 'float': Numeric()}
 
 
-def _count(value):
-    number = int(value)
-    if number < 0:
-        raise ValueError(value)
-    return number
-
-
-def _seconds(value):
-    number = float(value)
-    if not 0 <= number < float('inf'):
-        raise ValueError(value)
-    return int(number) if number.is_integer() else number
-
-
 #: The header keys of a ``.zsql`` file, how each is read, what it takes.
 _ZSQL_KEYS = {
     'title': (str, 'text'),
     'connection_id': (str, 'a name'),
     'arguments': (parse_arguments, 'arguments', True),
-    'max_rows': (_count, 'a whole number, 0 or more'),
-    'max_cache': (_count, 'a whole number, 0 or more'),
-    'cache_time': (_seconds, 'a number of seconds, 0 or more'),
+    'max_rows': COUNT,
+    'max_cache': COUNT,
+    'cache_time': SECONDS,
     'tables': (table_names, 'table names, separated by commas'),
     'writes': (as_bool, 'true or false'),
     'invalidate': (as_bool, 'true or false'),
