@@ -794,3 +794,14 @@ def listeners():
     return sum(
         t.name == 'pyramid_dbtune listener' for t in threading.enumerate()
     )
+
+
+def timings(response):
+    """The Server-Timing header as {name: duration or description}."""
+    found = {}
+    for item in response.headers['Server-Timing'].split(', '):
+        name, *params = item.split(';')
+        for param in params:
+            key, value = param.split('=')
+            found[name] = float(value) if key == 'dur' else int(value)
+    return found
