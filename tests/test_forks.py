@@ -1,6 +1,11 @@
 """Fork safety (``pyramid_dbtune.deploy.forks``): in a child forked for
 real, every registered object is renewed once, a failing one does not
-stop the others, and threads start once all are renewed."""
+stop the others, and threads start once all are renewed; the engines and
+the cache a child renews are its own."""
+
+import os
+
+from pyramid.scripting import prepare
 
 from pyramid_dbtune.deploy import forks
 
@@ -81,3 +86,41 @@ def test_threads_start_once_every_object_is_renewed():
         )
     )
     assert [obj.saw for obj in threaded] == [None] * 5
+
+
+def test_engines_are_fresh_in_a_forked_child(postgresql_url, apps):
+    methods = [{'name': 'one', 'sql': 'SELECT :n AS n'}]
+    app = apps(postgresql_url, methods)
+    router = app.app.registry.dbtune.router
+    request = prepare(registry=app.app.registry)['request']
+    assert request.sql.one(n=1)[0].n == 1  # a pooled reader connection
+    before = router.readers[0].engine.pool.checkedin()
+    pid = os.fork()
+    if pid == 0:  # pragma: no cover (runs in the child)
+        code = 1
+        try:
+            child = prepare(registry=app.app.registry)['request']
+            fresh = router.readers[0].engine.pool.checkedin() == 0
+            code = 0 if fresh and child.sql.one(n=2)[0].n == 2 else 3
+        finally:
+            os._exit(code)
+    _, status = os.waitpid(pid, 0)
+    assert os.waitstatus_to_exitcode(status) == 0
+    # The parent's pooled connection was not closed by the child.
+    assert router.readers[0].engine.pool.checkedin() == before
+    assert request.sql.one(n=3)[0].n == 3
+
+
+def test_after_fork_drops_connections_and_makes_new_locks(sqlite_url, apps):
+    methods = [{'name': 'one', 'sql': 'SELECT :n AS n'}]
+    app = apps(sqlite_url, methods)
+    dbtune = app.app.registry.dbtune
+    request = prepare(registry=app.app.registry)['request']
+    request.sql.one(n=1)
+    router, cache = dbtune.router, dbtune.cache
+    slots, lock = router.write_slots, cache._lock
+    router.after_fork()
+    cache.after_fork()
+    assert router.readers[0].engine.pool.checkedin() == 0
+    assert router.write_slots is not slots and cache._lock is not lock
+    assert request.sql.one(n=2)[0].n == 2

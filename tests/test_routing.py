@@ -4,7 +4,6 @@ parallel, writes serialised, read-your-writes, failover, retries, pins."""
 import contextlib
 import gc
 import logging
-import os
 import signal
 import threading
 import time
@@ -629,29 +628,6 @@ def test_no_pin_without_replicas(sqlite_url, apps):
     assert 'Set-Cookie' not in answer.headers
 
 
-def test_engines_are_fresh_in_a_forked_child(postgresql_url, apps):
-    methods = [{'name': 'one', 'sql': 'SELECT :n AS n'}]
-    app = apps(postgresql_url, methods)
-    router = app.app.registry.dbtune.router
-    request = prepare(registry=app.app.registry)['request']
-    assert request.sql.one(n=1)[0].n == 1  # a pooled reader connection
-    before = router.readers[0].engine.pool.checkedin()
-    pid = os.fork()
-    if pid == 0:  # pragma: no cover (runs in the child)
-        code = 1
-        try:
-            child = prepare(registry=app.app.registry)['request']
-            fresh = router.readers[0].engine.pool.checkedin() == 0
-            code = 0 if fresh and child.sql.one(n=2)[0].n == 2 else 3
-        finally:
-            os._exit(code)
-    _, status = os.waitpid(pid, 0)
-    assert os.waitstatus_to_exitcode(status) == 0
-    # The parent's pooled connection was not closed by the child.
-    assert router.readers[0].engine.pool.checkedin() == before
-    assert request.sql.one(n=3)[0].n == 3
-
-
 ORACLE_LIKE = type(
     'DatabaseError', (Exception,), {'__module__': 'oracledb.exceptions'}
 )
@@ -731,21 +707,6 @@ def test_oracle_urls_compile_sql_methods():
     assert str(ping) == 'SELECT 1 FROM DUAL'
     for url in ('oracle+oracledb://u:p@h/s', 'oracle+cx_oracle://u:p@h/s'):
         assert sa.engine.make_url(url).get_dialect().name == 'oracle'
-
-
-def test_after_fork_drops_connections_and_makes_new_locks(sqlite_url, apps):
-    methods = [{'name': 'one', 'sql': 'SELECT :n AS n'}]
-    app = apps(sqlite_url, methods)
-    dbtune = app.app.registry.dbtune
-    request = prepare(registry=app.app.registry)['request']
-    request.sql.one(n=1)
-    router, cache = dbtune.router, dbtune.cache
-    slots, lock = router.write_slots, cache._lock
-    router.after_fork()
-    cache.after_fork()
-    assert router.readers[0].engine.pool.checkedin() == 0
-    assert router.write_slots is not slots and cache._lock is not lock
-    assert request.sql.one(n=2)[0].n == 2
 
 
 def test_pin_window_ends(sqlite_url, apps, monkeypatch):
