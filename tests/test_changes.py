@@ -744,28 +744,26 @@ def test_a_dbtune_has_one_listener(postgresql_url, apps):
 def test_a_shared_cache_is_kept_when_a_process_starts_listening(
     postgresql_url, memcached, apps
 ):
-    create_tables(postgresql_url)
-    engine = sa.create_engine(postgresql_url, poolclass=sa.pool.NullPool)
-    triggers.install(engine, {'property': ['area', 'id']})
-    engine.dispose()
-    settings = shared_settings(memcached)
-    first = apps(postgresql_url, METHODS, settings, tables=False)
+    settings = {**shared_settings(memcached), **LISTEN}
+    first = listening(postgresql_url, apps, settings)
     call(first, *READS)
-    second = apps(
-        postgresql_url, METHODS, {**settings, **LISTEN}, tables=False
-    )
-    assert second.app.registry.dbtune.listener.listening.wait(10)
+    # A process of the app's own cache listening too, which a question
+    # of the shared one's does not concern.
+    own = apps(postgresql_url, METHODS, LISTEN, tables=False)
+    assert own.app.registry.dbtune.listener.listening.wait(10)
+    second = apps(postgresql_url, METHODS, settings, tables=False)
+    listener = second.app.registry.dbtune.listener
+    assert listener.listening.wait(10) and listener.drops == 0
     # What others cached stays: their listeners heard what it did not.
     assert call(second, *READS)['cache']['hit'] == len(READS)
     # Nor does a master that hands listening to its workers drop it.
-    other = apps(postgresql_url, METHODS, {**settings, **LISTEN}, tables=False)
+    other = apps(postgresql_url, METHODS, settings, tables=False)
     other.app.registry.dbtune.listener.before_fork()
     assert call(second, *READS)['cache']['hit'] == len(READS)
     assert dropped(second, 'UPDATE property SET rent = 97 WHERE id = 4') == [
         1, 4, 5
     ]  # fmt: skip
     # Its own writes dropped their rows for every process at commit.
-    listener = second.app.registry.dbtune.listener
     call(second, ('set_rent', {'id': 4, 'rent': 98}))
     deadline = time.monotonic() + 10
     while listener.own < 1:
@@ -774,6 +772,31 @@ def test_a_shared_cache_is_kept_when_a_process_starts_listening(
     assert call(first, ('get', {'id': 4}))['results'][0]['rows'] == [
         [4, 'Burley', 98]
     ]
+
+
+def test_a_site_started_anew_drops_what_changed_while_none_listened(
+    server_url, memcached, apps
+):
+    # Every process of the site stops; a change is made; the site starts
+    # again on the memcached cache it had: nobody heard the change.
+    settings = {**shared_settings(memcached), **LISTEN}
+    before = listening(server_url, apps, settings)
+    assert rows_of_get(before, 4) == [[4, 'Burley', 70]]
+    before.app.registry.dbtune.close()
+    outside(server_url, 'UPDATE property SET rent = 97 WHERE id = 4')
+    after = apps(server_url, METHODS, settings, tables=False)
+    listener = after.app.registry.dbtune.listener
+    assert listener.listening.wait(10) and listener.drops == 1
+    assert rows_of_get(after, 4) == [[4, 'Burley', 97]]
+    # A process that starts now is told that one listens: it keeps all.
+    more = apps(server_url, METHODS, settings, tables=False)
+    listener = more.app.registry.dbtune.listener
+    assert listener.listening.wait(10) and listener.drops == 0
+    assert call(more, ('get', {'id': 4}))['cache']['hit'] == 1
+
+
+def rows_of_get(app, id_):
+    return call(app, ('get', {'id': id_}))['results'][0]['rows']
 
 
 def test_a_read_of_tables_not_told_is_not_watched(sqlite_url, apps):

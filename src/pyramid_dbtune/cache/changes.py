@@ -19,7 +19,9 @@ have changed, by row where the reads are pinned:
   back).
 
 Having lost its connection, the thread drops every cached result once it
-is back: what changed meanwhile is not known.
+is back: what changed meanwhile is not known. So does a process's first,
+but with a cache that processes share where another listens already
+(:mod:`.shared`).
 
 On PostgreSQL with the in-process cache, the app's own commits are
 applied by the thread too, as anyone's are: the commit leaves the rows it
@@ -27,7 +29,6 @@ changed to it, and waits until the thread has heard of it (see
 :meth:`Listener.expect`).
 """
 
-import hashlib
 import json
 import logging
 import math
@@ -42,6 +43,7 @@ from ..deploy import forks
 from ..routing.stored import inexact_tables
 from ..sql.conditions import any_row, value_tag
 from ..sql.shapes import Change
+from . import shared
 from .changelog import ChangeLog, forget_old
 from .triggers import (
     CHANNEL,
@@ -127,7 +129,7 @@ class Listener:
         self._thread = None
         self._running = False
         self._check_at = 0.0
-        self._shared_origin = _shared_origin(settings)
+        self._shared_origin = shared.origin(settings)
         forks.renew_after_fork(self)
 
     def start(self):
@@ -220,9 +222,14 @@ class Listener:
 
     def _connected(self, connection):
         """Once listening: what changed while it was not is not known,
-        so every result cached before is dropped (but at its first
-        connection, with a cache other processes share: they heard)."""
-        if self.connects or self.dbtune.settings.cache_backend != 'memcached':
+        so every result cached before is dropped; but at its first
+        connection, with a cache other processes share, not if one of
+        them listens (:func:`.shared.ask`): it heard."""
+        if (
+            self.connects
+            or self._shared_origin is None
+            or not shared.ask(connection, self.dbtune.cache, self.every)
+        ):
             self.dbtune.cache.invalidate(None)
             self.drops += 1
             if self.connects:
@@ -362,7 +369,13 @@ class Listener:
         it is applied, and one that does not tell its transaction
         (``xid``) drops what it could have changed.
         ``told``: ``{"old": [...], "new": [...]}``, the images of the rows
-        changed, or None where they are not told."""
+        changed, or None where they are not told. A process that asks
+        whether this one listens (:data:`.triggers.PROBE`, ``told`` its
+        token) is answered, once it does."""
+        if table == shared.PROBE:
+            if self.listening.is_set() and self._shared_origin is not None:
+                shared.answer(self.dbtune.cache, told)
+            return
         if origin is not None and origin == self.origin:
             self.own += 1
             if not self.applies_own:
@@ -431,18 +444,6 @@ class Listener:
 
 #: MySQL's name of :data:`~.triggers.ORIGIN`.
 _VARIABLE = ORIGIN.replace('.', '_')
-
-
-def _shared_origin(settings):
-    """The origin of every process that shares a memcached cache (one
-    digest of what it shares), or None for a cache of a process's own."""
-    if settings.cache_backend != 'memcached':
-        return None
-    shared = (
-        f'{settings.cache_namespace} {settings.cache_servers} '
-        f'{settings.cache_secret}'
-    )
-    return f'memcached {hashlib.sha256(shared.encode()).hexdigest()[:16]}'
 
 
 def _engine(settings):

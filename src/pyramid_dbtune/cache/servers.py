@@ -9,6 +9,8 @@ import time
 from pymemcache.client.base import Client
 from pymemcache.exceptions import MemcacheUnexpectedCloseError
 
+from .codec import opened, sign
+
 log = logging.getLogger('pyramid_dbtune.cache.memcached')
 
 #: The generation that invalidating everything bumps.
@@ -56,8 +58,8 @@ class ServerCalls:
     with its servers, apart from what it asks them. It holds the state:
     ``by_address``, ``_missed`` (addresses, each with how many
     invalidations it missed), ``_mender`` (a thread or None), ``_lock``,
-    ``_counting``, ``errors``, ``_recheck`` and ``_timeouts``; and names
-    the epoch's key (``_generation_key(EPOCH)``)."""
+    ``_counting``, ``errors``, ``_recheck``, ``_timeouts`` and
+    ``_secret``; and names keys (``_name``, ``_generation_key(EPOCH)``)."""
 
     def _call(self, server, default, method, *args, **kw):
         """``method(*args, **kw)`` of ``server``'s client, a failure as
@@ -99,6 +101,21 @@ class ServerCalls:
             except Exception as exc:
                 failures.append(f'{server!r}: {exc!r}')
         raise ConnectionError('; '.join(failures))
+
+    def note(self, name, expire):
+        """Keep the mark ``name`` for ``expire`` seconds, signed: what the
+        processes that share the cache tell each other
+        (:mod:`~pyramid_dbtune.cache.shared`)."""
+        key = self._name('n', name)
+        mark = sign(self._secret, key, b'1')
+        self._on(self._server(key), None, 'set', key, mark, expire=expire)
+
+    def noted(self, name):
+        """Whether the mark ``name`` is kept (:meth:`note`); False where
+        its server fails, or its signature does not hold."""
+        key = self._name('n', name)
+        mark = self._on(self._server(key), None, 'get', key)
+        return mark is not None and opened(self._secret, key, mark) == b'1'
 
     def _on(self, server, default, method, *args, **kw):
         """Run ``method`` (a name) of ``server``'s client, failures as

@@ -31,6 +31,9 @@ ORIGIN = 'dbtune.origin'
 #: MySQL: the ``tbl`` of a row of the app's commit that names, in
 #: ``cols``, the tables it drops itself.
 MARK = ''
+#: The table of a question of :mod:`.shared`, a process's that asks who
+#: listens (a name no table has that a plain name finds).
+PROBE = '?'
 
 
 def tables_to_watch(dbtune):
@@ -310,12 +313,15 @@ def schemas_of(connection):
 def read_notice(payload, schemas):
     """``(token, table, told, origin, xid)`` of a PostgreSQL notice: an
     app's commit heard of (``token``), or a change (``told``: the images
-    of its rows, or None). None for a change of another schema's table
-    of the same name than ``schemas`` (:func:`schemas_of`) finds: another
+    of its rows, or None; a question of :mod:`.shared`: table
+    :data:`PROBE`). None for a change of another schema's table of the
+    same name than ``schemas`` (:func:`schemas_of`) finds: another
     tenant's, say."""
     message = json.loads(payload, parse_float=Decimal)
     if 's' in message:
         return message['s'], None, None, None, None
+    if 'p' in message:  # a process that asks who listens (.shared.ask)
+        return None, PROBE, message['p'], None, None
     table, schema = message['t'], message.get('n')
     if schema is not None and schemas.get(table, schema) != schema:
         return None

@@ -1,0 +1,70 @@
+"""What the processes that share a memcached cache tell each other.
+
+Their writes carry one origin (:func:`origin`), so that a listener passes
+over the changes whose commit dropped what they changed, whichever of
+them made it. And a process that starts listening asks whether another
+listens already (:func:`ask`): what was committed before it listened was
+then heard, and the cache is kept. Where none answers (the whole site
+started anew, say), nobody heard what changed while none listened, and
+the cache is dropped.
+
+The question travels as the changes do, after them (a ``NOTIFY`` on
+PostgreSQL, a row of ``dbtune_changes`` on MySQL): a listener that
+answers has applied every change made before it. It answers only once it
+listens itself, having asked in turn, so that two processes that start
+together do not vouch for each other. The answer is a signed key in
+memcached.
+"""
+
+import hashlib
+import json
+import time
+import uuid
+
+from .triggers import CHANNEL, PROBE
+
+#: Seconds a listener waits for an answer, at the least (on MySQL, four
+#: times ``dbtune.cache.listen_every`` if more: others read that often).
+ANSWER_WITHIN = 1.0
+#: Seconds an answer is kept in memcached.
+ANSWER_FOR = 60
+
+
+def origin(settings):
+    """The origin of every process that shares a memcached cache (one
+    digest of what it shares), or None for a cache of a process's own."""
+    if settings.cache_backend != 'memcached':
+        return None
+    shared = (
+        f'{settings.cache_namespace} {settings.cache_servers} '
+        f'{settings.cache_secret}'
+    )
+    return f'memcached {hashlib.sha256(shared.encode()).hexdigest()[:16]}'
+
+
+def ask(connection, cache, every):
+    """Ask, on the listener's ``connection`` (listening already), whether
+    another process listens; True once one answers in ``cache``, False if
+    none has within :data:`ANSWER_WITHIN` seconds."""
+    token = uuid.uuid4().hex
+    if connection.dialect.name == 'postgresql':
+        connection.exec_driver_sql(
+            'SELECT pg_notify(%s, %s)', (CHANNEL, json.dumps({'p': token}))
+        )
+    else:
+        connection.exec_driver_sql(
+            f'INSERT INTO {CHANNEL} (tbl, cols) VALUES (%s, %s)',
+            (PROBE, json.dumps(token)),
+        )
+    deadline = time.monotonic() + max(ANSWER_WITHIN, 4 * every)
+    while not cache.noted(f'listens:{token}'):
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.02)
+    return True
+
+
+def answer(cache, token):
+    """Say in ``cache`` that this process listens, to the one that asked
+    with ``token``."""
+    cache.note(f'listens:{token}', ANSWER_FOR)
