@@ -356,6 +356,21 @@ def test_a_listeners_connection_has_tcp_bounds_on_postgresql(
     assert 'tcp_user_timeout' not in parameters(dbtune.router.writer)
 
 
+def test_a_libpq_before_12_is_not_given_tcp_user_timeout(
+    postgresql_url, apps, monkeypatch
+):
+    # libpq 11 refuses the parameter: the listener would never connect.
+    import psycopg
+
+    monkeypatch.setattr(psycopg.pq, 'version', lambda: 110022)
+    app = listening(postgresql_url, apps)
+    engine = app.app.registry.dbtune.listener.engine
+    with engine.connect() as connection:
+        info = connection.connection.driver_connection.info
+        assert 'tcp_user_timeout' not in info.get_parameters()
+        assert info.get_parameters()['keepalives'] == '1'
+
+
 def test_a_change_committed_late_is_not_missed_on_mariadb(mysql_url, apps):
     """MariaDB numbers the changes as they are made, not as they commit:
     a change whose transaction commits after a later one's is read all

@@ -472,7 +472,9 @@ def _timeouts(settings):
     url = sa.engine.make_url(settings.url)
     within = _answer_within(settings)
     args = connect_args(url, settings.connect_timeout, within)
-    if url.get_driver_name() in ('psycopg', 'psycopg2'):
+    if url.get_driver_name() == 'psycopg':  # as listening needs
+        from psycopg import pq
+
         probe = max(1, math.ceil(within / 3))
         libpq = {
             'keepalives': 1,
@@ -481,11 +483,9 @@ def _timeouts(settings):
             'keepalives_count': 2,
             'tcp_user_timeout': math.ceil(within * 1000),
         }
-        args.update(
-            (name, value)
-            for name, value in libpq.items()
-            if name not in url.query
-        )
+        if pq.version() < 120000:  # libpq 11 refuses it
+            del libpq['tcp_user_timeout']
+        args.update((k, v) for k, v in libpq.items() if k not in url.query)
     return {'connect_args': args}
 
 
