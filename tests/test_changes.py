@@ -22,6 +22,7 @@ from pyramid.config import Configurator
 from pyramid.exceptions import ConfigurationError
 
 from pyramid_dbtune.cache import changes, triggers
+from pyramid_dbtune.cache.triggers import PROBE
 from pyramid_dbtune.deploy.cli import main
 from pyramid_dbtune.settings import parse
 
@@ -769,15 +770,25 @@ def test_a_shared_cache_is_kept_when_a_process_starts_listening(
     second = apps(postgresql_url, METHODS, settings, tables=False)
     listener = second.app.registry.dbtune.listener
     assert listener.listening.wait(10) and listener.drops == 0
+    mine = own.app.registry.dbtune.listener  # heard the question, and
+    assert (mine.failures, mine.drops) == (0, 1)  # went on listening
     # What others cached stays: their listeners heard what it did not.
     assert call(second, *READS)['cache']['hit'] == len(READS)
     # Nor does a master that hands listening to its workers drop it.
     other = apps(postgresql_url, METHODS, settings, tables=False)
     other.app.registry.dbtune.listener.before_fork()
     assert call(second, *READS)['cache']['hit'] == len(READS)
+    # A question that no process asked (a token of another shape, which
+    # memcached would refuse as a key) is not answered.
+    errors = second.app.registry.dbtune.cache.errors
+    outside(
+        postgresql_url,
+        """SELECT pg_notify('dbtune_changes', '{"p": "a b"}')""",
+    )
     assert dropped(second, 'UPDATE property SET rent = 97 WHERE id = 4') == [
         1, 4, 5
     ]  # fmt: skip
+    assert second.app.registry.dbtune.cache.errors == errors
     # Its own writes dropped their rows for every process at commit.
     call(second, ('set_rent', {'id': 4, 'rent': 98}))
     deadline = time.monotonic() + 10
@@ -808,6 +819,36 @@ def test_a_site_started_anew_drops_what_changed_while_none_listened(
     listener = more.app.registry.dbtune.listener
     assert listener.listening.wait(10) and listener.drops == 0
     assert call(more, ('get', {'id': 4}))['cache']['hit'] == 1
+
+
+def test_a_listener_stopped_while_it_asks_neither_drops_nor_listens(
+    mysql_url, memcached, apps
+):
+    # Others read every 2 s: it would wait 8 s for an answer.
+    settings = {**shared_settings(memcached), **LISTEN,
+                'dbtune.cache.listen_every': '2'}  # fmt: skip
+    create_tables(mysql_url)
+    engine = sa.create_engine(mysql_url, poolclass=sa.pool.NullPool)
+    triggers.install(engine, {'property': (('area', 'id'), ('rent',))})
+    engine.dispose()
+    before = set(threading.enumerate())
+    app = apps(mysql_url, METHODS, settings, tables=False)
+    listener = app.app.registry.dbtune.listener
+    (thread,) = set(threading.enumerate()) - before
+
+    def asked():
+        engine = sa.create_engine(mysql_url, poolclass=sa.pool.NullPool)
+        with engine.connect() as connection:
+            count = connection.exec_driver_sql(
+                f"SELECT COUNT(*) FROM dbtune_changes WHERE tbl = '{PROBE}'"
+            ).scalar()
+        engine.dispose()
+        return count == 1
+
+    until(asked)
+    listener.before_fork()  # as a gunicorn master does, before its fork
+    assert not thread.is_alive()
+    assert (listener.drops, listener.listening.is_set()) == (0, False)
 
 
 def rows_of_get(app, id_):

@@ -225,18 +225,19 @@ class Listener:
         so every result cached before is dropped; but at its first
         connection, with a cache other processes share, not if one of
         them listens (:func:`.shared.ask`): it heard."""
-        if (
-            self.connects
-            or self._shared_origin is None
-            or not shared.ask(connection, self.dbtune.cache, self.every)
-        ):
-            self.dbtune.cache.invalidate(None)
+        asked = not self.connects and self._shared_origin is not None
+        cache, stopping = self.dbtune.cache, self._stopping
+        if asked and shared.ask(connection, cache, self.every, stopping):
+            pass  # another process listens: it heard
+        elif stopping.is_set():
+            return  # asked in vain: neither drops nor listens
+        else:
+            cache.invalidate(None)
             self.drops += 1
-            if self.connects:
-                log.warning(
-                    'pyramid_dbtune: hears of changes again; every cached '
-                    'result was dropped'
-                )
+            if self.connects or asked:
+                why = 'no other listens' if asked else 'hears of changes again'
+                log.warning('pyramid_dbtune: %s; every cached result was '
+                            'dropped', why)  # fmt: skip
         # A table a method names otherwise may not be the one watched.
         unsure = misnamed(self.dbtune, connection)
         self.triggered = frozenset(watched(connection)) - unsure.keys()

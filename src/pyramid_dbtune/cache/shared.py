@@ -18,14 +18,15 @@ memcached.
 
 import hashlib
 import json
+import re
 import time
 import uuid
 
 from .triggers import CHANNEL, PROBE
 
-#: Seconds a listener waits for an answer, at the least (on MySQL, four
-#: times ``dbtune.cache.listen_every`` if more: others read that often).
-ANSWER_WITHIN = 1.0
+#: Seconds a listener waits for an answer (on MySQL, four times
+#: ``dbtune.cache.listen_every`` if more: others read that often).
+WAIT_FOR_ANSWER = 1.0
 #: Seconds an answer is kept in memcached.
 ANSWER_FOR = 60
 
@@ -42,12 +43,14 @@ def origin(settings):
     return f'memcached {hashlib.sha256(shared.encode()).hexdigest()[:16]}'
 
 
-def ask(connection, cache, every):
+def ask(connection, cache, every, stopping):
     """Ask, on the listener's ``connection`` (listening already), whether
     another process listens; True once one answers in ``cache``, False if
-    none has within :data:`ANSWER_WITHIN` seconds."""
+    none has within :data:`WAIT_FOR_ANSWER` seconds, or ``stopping`` (an
+    event) is set."""
     token = uuid.uuid4().hex
-    if connection.dialect.name == 'postgresql':
+    wait = WAIT_FOR_ANSWER
+    if connection.dialect.name == 'postgresql':  # a notice comes at once
         connection.exec_driver_sql(
             'SELECT pg_notify(%s, %s)', (CHANNEL, json.dumps({'p': token}))
         )
@@ -56,15 +59,20 @@ def ask(connection, cache, every):
             f'INSERT INTO {CHANNEL} (tbl, cols) VALUES (%s, %s)',
             (PROBE, json.dumps(token)),
         )
-    deadline = time.monotonic() + max(ANSWER_WITHIN, 4 * every)
+        wait = max(wait, 4 * every)
+    deadline = time.monotonic() + wait
     while not cache.noted(f'listens:{token}'):
-        if time.monotonic() > deadline:
+        if time.monotonic() > deadline or stopping.wait(0.02):
             return False
-        time.sleep(0.02)
     return True
 
 
 def answer(cache, token):
     """Say in ``cache`` that this process listens, to the one that asked
-    with ``token``."""
-    cache.note(f'listens:{token}', ANSWER_FOR)
+    with ``token``: a token :func:`ask` makes, else nothing (anyone who
+    may write to the changes' channel may write there)."""
+    if isinstance(token, str) and _TOKEN.fullmatch(token):
+        cache.note(f'listens:{token}', ANSWER_FOR)
+
+
+_TOKEN = re.compile('[0-9a-f]{32}')
