@@ -80,6 +80,12 @@ def test_url_falls_back_to_sqlalchemy_url():
         ('dbtune.cache.max_entries', '0', 'a whole number above 0'),
         ('dbtune.cache.max_entries', 'many', 'a whole number above 0'),
         ('dbtune.cache.max_entries', True, 'a whole number above 0'),
+        # Digits are ASCII digits: int() and float() take others too.
+        ('dbtune.cache.max_entries', '\u0665', 'a whole number above 0'),
+        ('dbtune.cache.max_entries', '1_000', 'a whole number above 0'),
+        ('dbtune.cache.default_time', '\u0663', 'a number of seconds'),
+        ('dbtune.cache.default_time', '1_0', 'a number of seconds'),
+        ('dbtune.cache.max_bytes', '\uff16\uff14MiB', 'a size above 0'),
         ('dbtune.cache.max_bytes', '64 furlongs', 'a size above 0'),
         ('dbtune.cache.max_bytes', '0', 'a size above 0'),
         ('dbtune.cache.default_time', '-1', 'a number of seconds'),

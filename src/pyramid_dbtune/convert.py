@@ -151,13 +151,17 @@ def as_name(value):
 
 
 def _whole_number(value, low, high, accepted):
-    try:
-        number = int(str(value).strip())
-    except ValueError:
-        number = None
-    if isinstance(value, bool) or number is None or not low <= number <= high:
+    number = None
+    if not isinstance(value, bool):
+        number = whole_number(str(value).strip().removeprefix('+'), low)
+    if number is None or number > high:
         raise Invalid(accepted)
     return number
+
+
+def as_count(value):
+    """A whole number, 0 or more (a SQL file's ``max_rows``)."""
+    return _whole_number(value, 0, math.inf, 'a whole number, 0 or more')
 
 
 def per_second(value):
@@ -183,9 +187,11 @@ def positive_int(value):
 
 
 def as_seconds(value):
-    """A non-negative, finite number of seconds (``20``, ``1.5``)."""
+    """A non-negative, finite number of seconds (``20``, ``1.5``), in
+    ASCII digits (``float`` takes ``'٣'`` and ``'1_0'`` too)."""
+    text = str(value).strip()
     try:
-        number = float(str(value).strip())
+        number = float(text) if text.isascii() and '_' not in text else -1.0
     except ValueError:
         number = -1.0
     if isinstance(value, bool) or not math.isfinite(number) or number < 0:
@@ -226,7 +232,7 @@ def pin_seconds(value):
     return seconds
 
 
-_SIZE = re.compile(r'^\s*(\d+)\s*([kmg]i?b?|b)?\s*$', re.IGNORECASE)
+_SIZE = re.compile(r'^\s*([0-9]+)\s*([kmg]i?b?|b)?\s*$', re.IGNORECASE)
 _UNITS = {'k': 1000, 'm': 1000**2, 'g': 1000**3}
 
 

@@ -16,7 +16,7 @@ from pathlib import Path
 
 from sqlalchemy import bindparam, text
 
-from ..convert import as_bool, as_seconds, whole_number
+from ..convert import as_bool, as_count, as_seconds
 from . import analysis, conditions, readings, shapes
 from .analysis import ANY_TABLE
 
@@ -343,17 +343,9 @@ def table_names(text):
     return text
 
 
-def header_count(text):
-    """A header's whole number, 0 or more, in ASCII digits."""
-    number = whole_number(text.strip())
-    if number is None:
-        raise ValueError(text)
-    return number
-
-
 #: How a header key both files take is read, and what it takes.
 SECONDS = (as_seconds, 'a number of seconds, 0 or more')
-COUNT = (header_count, 'a whole number, 0 or more')
+COUNT = (as_count, 'a whole number, 0 or more')
 #: The header keys of a ``.sql`` file, how each value is read, and what a
 #: bad one should have been.
 _HEADER_KEYS = {
