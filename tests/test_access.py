@@ -282,3 +282,7 @@ def test_the_route_matches_the_views_paths_and_no_other():
         pages = TestApp(config.make_wsgi_app())
     for path in ('nothing-here', 'stats/', 'probe/sql', 'profile.prof.x'):
         assert pages.get(f'/_dbtune/{path}').text == 'page'
+    # Its catch-all route, added after the include, comes after the
+    # package's (docs/settings.rst says why the settings are read then).
+    stats = pages.get('/_dbtune/stats', headers={access.HEADER: TOKEN})
+    assert 'routes' in stats.json
