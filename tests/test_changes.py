@@ -801,7 +801,7 @@ def test_a_shared_cache_is_kept_when_a_process_starts_listening(
 
 
 def test_a_site_started_anew_drops_what_changed_while_none_listened(
-    server_url, memcached, apps
+    server_url, memcached, apps, caplog
 ):
     # Every process of the site stops; a change is made; the site starts
     # again on the memcached cache it had: nobody heard the change.
@@ -814,6 +814,9 @@ def test_a_site_started_anew_drops_what_changed_while_none_listened(
     listener = after.app.registry.dbtune.listener
     assert listener.listening.wait(10) and listener.drops == 1
     assert rows_of_get(after, 4) == [[4, 'Burley', 97]]
+    assert 'no other process listens; every cached result was dropped' in (
+        caplog.text
+    )
     # A process that starts now is told that one listens: it keeps all.
     more = apps(server_url, METHODS, settings, tables=False)
     listener = more.app.registry.dbtune.listener

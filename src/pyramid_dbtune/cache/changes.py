@@ -235,7 +235,8 @@ class Listener:
             cache.invalidate(None)
             self.drops += 1
             if self.connects or asked:
-                why = 'no other listens' if asked else 'hears of changes again'
+                why = ('no other process listens' if asked
+                       else 'hears of changes again')  # fmt: skip
                 log.warning('pyramid_dbtune: %s; every cached result was '
                             'dropped', why)  # fmt: skip
         # A table a method names otherwise may not be the one watched.
