@@ -31,7 +31,6 @@ changed to it, and waits until the thread has heard of it (see
 
 import json
 import logging
-import math
 import os
 import threading
 import time
@@ -40,6 +39,7 @@ import uuid
 import sqlalchemy as sa
 
 from ..deploy import forks
+from ..routing.connect import ANSWER_WITHIN, listener_engine
 from ..routing.stored import inexact_tables
 from ..sql.conditions import any_row, value_tag
 from ..sql.shapes import Change
@@ -60,12 +60,9 @@ log = logging.getLogger(__name__)
 
 #: Seconds between attempts to connect again, at the most.
 MAX_BACKOFF = 2.0
-#: Seconds between two checks that the listener's connection still works.
-CHECK_EVERY = 5.0
-#: Seconds the listener waits for its database to answer, at the most
-#: (less where ``dbtune.statement_timeout`` is less): a connection cut
-#: unsaid, or to a frozen host, is then given up within a few checks.
-ANSWER_WITHIN = 2 * CHECK_EVERY
+#: Seconds between two checks that the listener's connection still works:
+#: one cut unsaid is given up within two (:data:`.connect.ANSWER_WITHIN`).
+CHECK_EVERY = ANSWER_WITHIN / 2
 #: MySQL: seconds a transaction may have been open, holding a change, when
 #: a listener connects, for the listener to wait for it.
 OPEN_FOR = 60
@@ -105,7 +102,7 @@ class Listener:
     def __init__(self, dbtune):
         self.dbtune = dbtune
         settings = dbtune.settings
-        self.engine = _engine(settings)
+        self.engine = listener_engine(settings)
         self.every = settings.cache_listen_every
         self.dialect = self.engine.dialect.name
         sa.event.listen(dbtune.router.writer, 'connect', self._mark)
@@ -176,7 +173,7 @@ class Listener:
         # starts its workers), and SQLAlchemy holds a lock of the engine's
         # through it, which would stay held here: no connection of this
         # process would ever be made, and nothing heard.
-        self.engine = _engine(self.dbtune.settings)
+        self.engine = listener_engine(self.dbtune.settings)
         # Its first connection is this process's: not one "again" (the
         # parent's count would say so, and drop a shared cache).
         self.connects = 0
@@ -434,8 +431,9 @@ class Listener:
     def _check(self, connection):
         """Every :data:`CHECK_EVERY` seconds, ask the database something:
         a connection whose server went away unsaid (a host gone, a
-        network cut) then fails, within :func:`_answer_within` seconds
-        (:func:`_timeouts`), and is made again. True when it asked."""
+        network cut) then fails, within
+        :func:`~pyramid_dbtune.routing.connect.listener_engine`'s bounds,
+        and is made again. True when it asked."""
         now = time.monotonic()
         if now < self._check_at:
             return False
@@ -446,49 +444,6 @@ class Listener:
 
 #: MySQL's name of :data:`~.triggers.ORIGIN`.
 _VARIABLE = ORIGIN.replace('.', '_')
-
-
-def _engine(settings):
-    """The listener's engine: a connection at a time, none kept."""
-    return sa.create_engine(
-        settings.url,
-        poolclass=sa.pool.NullPool,
-        isolation_level='AUTOCOMMIT',
-        **_timeouts(settings),
-    )
-
-
-def _answer_within(settings):
-    """Seconds the listener waits for an answer (:data:`ANSWER_WITHIN`)."""
-    return min(settings.statement_timeout or ANSWER_WITHIN, ANSWER_WITHIN)
-
-
-def _timeouts(settings):
-    """The bounds of the listener's connection: on connecting, the app's;
-    on each answer, :func:`_answer_within` (PyMySQL's ``read_timeout``).
-    libpq has no bound on an answer: keepalives probe the connection
-    while it idles, and ``tcp_user_timeout`` bounds how long what it sent
-    may go unacknowledged. A bound the URL names wins."""
-    from ..routing.connect import connect_args
-
-    url = sa.engine.make_url(settings.url)
-    within = _answer_within(settings)
-    args = connect_args(url, settings.connect_timeout, within)
-    if url.get_driver_name() == 'psycopg':  # as listening needs
-        from psycopg import pq
-
-        probe = max(1, math.ceil(within / 3))
-        libpq = {
-            'keepalives': 1,
-            'keepalives_idle': probe,
-            'keepalives_interval': probe,
-            'keepalives_count': 2,
-            'tcp_user_timeout': math.ceil(within * 1000),
-        }
-        if pq.version() < 120000:  # libpq 11 refuses it
-            del libpq['tcp_user_timeout']
-        args.update((k, v) for k, v in libpq.items() if k not in url.query)
-    return {'connect_args': args}
 
 
 def start(dbtune):

@@ -8,6 +8,7 @@ import math
 from pyramid.exceptions import ConfigurationError
 from sqlalchemy import create_engine, event
 from sqlalchemy.engine import make_url
+from sqlalchemy.pool import NullPool
 
 from ..sql.rows import Rows, reserve_for
 from .errors import mark_retryable
@@ -113,6 +114,45 @@ def make_engine(url, connect_timeout=0, statement_timeout=0, **kw):
     engine = create_engine(url, **kw)
     event.listen(engine, 'handle_error', mark_retryable)
     return engine
+
+
+#: Seconds the listener of changes waits for its database to answer, at
+#: the most (less where ``dbtune.statement_timeout`` is less): a
+#: connection cut unsaid, or to a frozen host, is then given up.
+ANSWER_WITHIN = 10.0
+
+
+def listener_engine(settings):
+    """The engine of the listener of changes (:mod:`~pyramid_dbtune.cache.
+    changes`): a connection at a time, none kept, in autocommit. Its bounds:
+    on connecting, the app's; on each answer, :data:`ANSWER_WITHIN`
+    (PyMySQL's ``read_timeout``). libpq has no bound on an answer:
+    keepalives probe the connection while it idles, and
+    ``tcp_user_timeout`` bounds how long what it sent may go
+    unacknowledged. A bound the URL names wins."""
+    url = make_url(settings.url)
+    within = min(settings.statement_timeout or ANSWER_WITHIN, ANSWER_WITHIN)
+    args = connect_args(url, settings.connect_timeout, within)
+    if url.get_driver_name() == 'psycopg':  # as listening needs
+        from psycopg import pq
+
+        probe = max(1, math.ceil(within / 3))
+        libpq = {
+            'keepalives': 1,
+            'keepalives_idle': probe,
+            'keepalives_interval': probe,
+            'keepalives_count': 2,
+            'tcp_user_timeout': math.ceil(within * 1000),
+        }
+        if pq.version() < 120000:  # libpq 11 refuses it
+            del libpq['tcp_user_timeout']
+        args.update((k, v) for k, v in libpq.items() if k not in url.query)
+    return create_engine(
+        url,
+        poolclass=NullPool,
+        isolation_level='AUTOCOMMIT',
+        connect_args=args,
+    )
 
 
 def make_read_only(engine):
