@@ -256,7 +256,7 @@ def test_a_fill_of_tables_not_told_waits_for_every_write(mysql_url, apps):
     router = app.app.registry.dbtune.router
     (reader,) = router.readers
     until(lambda: reader.position is not None)
-    router.wrote({'property'}, Position({0: 10**15}))
+    router.pins.wrote({'property'}, Position({0: 10**15}))
     select = sa.text('SELECT 1 AS one')
     for tables, writer_reads in ((['area'], 0), (['property'], 1), (['*'], 2)):
         router.read(select, {}, 0, frozenset(tables), fill=True)

@@ -710,19 +710,20 @@ def test_oracle_urls_compile_sql_methods():
 
 
 def test_pin_window_ends(sqlite_url, apps, monkeypatch):
-    import pyramid_dbtune.routing.engines as routing
+    import pyramid_dbtune.routing.pins as pins
 
     now = [100.0]
-    monkeypatch.setattr(routing, 'monotonic', lambda: now[0])
+    monkeypatch.setattr(pins, 'monotonic', lambda: now[0])
     settings = {'dbtune.read_urls': sqlite_url, 'dbtune.pin_after_write': '5'}
     app = apps(sqlite_url, [], settings)
     router = app.app.registry.dbtune.router
-    router.wrote({'property'})
-    assert router._recently_written({'property'})
-    assert not router._recently_written({'area'})
+    router.pins.wrote({'property'})
+    assert router.pins.by_time({'property'})
+    assert not router.pins.by_time({'area'})
     now[0] += 5
-    assert not router._recently_written({'property'})
-    assert router._recent == {}
+    assert not router.pins.by_time({'property'})
+    router.pins.wrote({'area'})
+    assert not router.pins.by_time({'property'})
 
 
 def test_the_time_pin_meets_tables_that_cannot_be_told(sqlite_url, apps):

@@ -18,11 +18,11 @@ from sqlalchemy.engine import make_url
 from sqlalchemy.exc import DBAPIError
 
 from ..deploy import forks
-from ..sql.analysis import ANY_TABLE
 from ..sql.shapes import parse_snapshot
 from .connect import READ_ONLY_STATEMENTS, fetch, make_engine, make_read_only
 from .errors import WriteSlotTimeout, is_timeout
 from .lag import LOOK, NO_POSITION, LagWatch, position_of
+from .pins import TablePins
 from .schema import Schema
 
 log = logging.getLogger(__name__)
@@ -145,9 +145,8 @@ class Router:
             if self.replicas and (settings.max_replica_lag or self.positions)
             else None
         )
-        self._recent = {}
-        #: table: the log position of the last commit that wrote it
-        self._written = {}
+        #: The tables this process's commits wrote.
+        self.pins = TablePins(settings.pin_after_write if self.replicas else 0)
         #: What the writer's catalog tells of the tables written.
         self.schema = Schema(self.dialect)
         self._reset_locks()
@@ -223,18 +222,10 @@ class Router:
         that has replayed ``position``, and for a cache ``fill`` the last
         commit of this process that wrote ``tables`` (the cache is
         everyone's)."""
-        if not writer and self._recently_written(tables):
+        if not writer and self.pins.by_time(tables):
             writer = True
-        if fill and self._written:
-            with self._lock:
-                # A read whose tables cannot be told waits for every write.
-                written = (
-                    self._written.values()
-                    if ANY_TABLE in tables
-                    else [self._written.get(t) for t in (*tables, ANY_TABLE)]
-                )
-                for at in written:
-                    position |= at or NO_POSITION
+        if fill:
+            position |= self.pins.position(tables)
         reader = None if writer else self.pick(position=position)
         if reader is None and position and not writer:
             reader = self._replayed_now(position)
@@ -416,41 +407,6 @@ class Router:
         tells none (MySQL, which has no MariaDB GTIDs)."""
         with self.writer.connect() as connection:
             return position_of(connection)
-
-    def wrote(self, tables, position=None):
-        """Note a committed write: with causal reads, reads of these tables
-        go to a reader that has replayed ``position``, where the commit
-        ended; else with replicas and ``dbtune.pin_after_write``, to the
-        writer for that long: no cache is filled from a replica that has
-        not caught up."""
-        # None: which, unknown; none (a locking read alone): no table.
-        tables = [ANY_TABLE] if tables is None else tables
-        if position is not None:
-            with self._lock:
-                for table in tables:
-                    self._written[table] = position | self._written.get(
-                        table, NO_POSITION
-                    )
-            return
-        if not (self.replicas and self.settings.pin_after_write):
-            return
-        until = monotonic() + self.settings.pin_after_write
-        with self._lock:
-            for table in tables:
-                self._recent[table] = until
-
-    def _recently_written(self, tables):
-        if not self._recent:
-            return False
-        now = monotonic()
-        with self._lock:
-            for table, until in list(self._recent.items()):
-                if until <= now:
-                    del self._recent[table]
-            # A write or a read whose tables cannot be told meets any.
-            if ANY_TABLE in self._recent or ANY_TABLE in tables:
-                return bool(self._recent)
-            return not self._recent.keys().isdisjoint(tables)
 
     # Writes
 

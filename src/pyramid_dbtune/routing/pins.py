@@ -1,11 +1,18 @@
-"""A client's pin to what it wrote, a cookie: until a time (the writer's,
-for ``dbtune.pin_after_write``), or a log position (causal reads); both
-signed."""
+"""Pins to what was written. A client's, a cookie: until a time (the
+writer's, for ``dbtune.pin_after_write``), or a log position (causal
+reads); both signed. A process's, :class:`TablePins`: the tables its
+commits wrote, which no cache is filled with from a replica that has
+not replayed the write."""
+
+import threading
+from time import monotonic
 
 from pyramid import threadlocal
 
 from ..convert import whole_number
-from .lag import signed
+from ..deploy import forks
+from ..sql.analysis import ANY_TABLE
+from .lag import NO_POSITION, signed
 
 #: The name of the cookie that pins a client to the writer after a write.
 PIN_COOKIE = 'dbtune_pin'
@@ -34,3 +41,75 @@ def time_pin(value, key):
     client, or None: for no pin, or one not signed with ``key`` (else a
     client could send every read of its own to the writer)."""
     return signed(value, key, whole_number)
+
+
+class TablePins:
+    """The tables a process's commits wrote, and where their reads go, so
+    that no cache is filled from a replica that has not replayed a write:
+    with causal reads, to a replica that has replayed the commit's log
+    position; else for ``seconds`` (``dbtune.pin_after_write`` where there
+    are replicas, else 0: none) to the writer."""
+
+    def __init__(self, seconds):
+        self.seconds = seconds
+        #: table: when its pin by time ends (:func:`time.monotonic`)
+        self._until = {}
+        #: table: the log position of the last commit that wrote it
+        self._at = {}
+        self.after_fork()
+        forks.renew_after_fork(self)
+
+    def after_fork(self):
+        """A lock held in the parent as it forked would stay held here."""
+        self._lock = threading.Lock()
+
+    def wrote(self, tables, position=None):
+        """Note a committed write of ``tables`` (None: which, unknown; none:
+        a locking read alone): reads of them are filled from a replica that
+        has replayed ``position``, where the commit ended; without one, go
+        to the writer for :attr:`seconds`."""
+        tables = [ANY_TABLE] if tables is None else tables
+        if position is not None:
+            with self._lock:
+                for table in tables:
+                    self._at[table] = position | self._at.get(
+                        table, NO_POSITION
+                    )
+            return
+        if not self.seconds:
+            return
+        until = monotonic() + self.seconds
+        with self._lock:
+            for table in tables:
+                self._until[table] = until
+
+    def by_time(self, tables):
+        """Whether a read of ``tables`` goes to the writer, by time."""
+        if not self._until:
+            return False
+        now = monotonic()
+        with self._lock:
+            for table, until in list(self._until.items()):
+                if until <= now:
+                    del self._until[table]
+            # A write or a read whose tables cannot be told meets any.
+            if ANY_TABLE in self._until or ANY_TABLE in tables:
+                return bool(self._until)
+            return not self._until.keys().isdisjoint(tables)
+
+    def position(self, tables):
+        """The log position a replica must have replayed to fill a read
+        of ``tables`` (:data:`~.lag.NO_POSITION`: any)."""
+        position = NO_POSITION
+        if not self._at:
+            return position
+        with self._lock:
+            # A read whose tables cannot be told waits for every write.
+            written = (
+                self._at.values()
+                if ANY_TABLE in tables
+                else [self._at.get(t) for t in (*tables, ANY_TABLE)]
+            )
+            for at in written:
+                position |= at or NO_POSITION
+        return position

@@ -424,7 +424,7 @@ class UnitOfWork:
         if position:
             self._pin_position(position)
         else:  # no causal reads: the time pin, if any
-            self.router.wrote(None if self._all_tables else self._tables)
+            self.router.pins.wrote(None if self._all_tables else self._tables)
             self._pin()
 
     def _drop(self):
@@ -441,7 +441,8 @@ class UnitOfWork:
         """Causal reads: the client's reads from now on must see
         ``position``, where this commit ended (a signed cookie); so must
         this process's fills of the tables written."""
-        self.router.wrote(None if self._all_tables else self._tables, position)
+        tables = None if self._all_tables else self._tables
+        self.router.pins.wrote(tables, position)
         # A transaction commits once: one cookie.
         self._set_pin(lambda: sign_pin(self.position, self.router.pin_key))
         self.position |= position

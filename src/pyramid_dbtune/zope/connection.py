@@ -303,10 +303,10 @@ class _Work:
                     router = self.dbtune.router
                     position = router.positions and router.position()
                     if position:
-                        router.wrote(self.tables, position)
+                        router.pins.wrote(self.tables, position)
                         _pin_client(router, position)
                     else:  # dbtune.pin_after_write: reads to the writer
-                        router.wrote(self.tables)
+                        router.pins.wrote(self.tables)
                 finally:
                     self.dbtune.cache.invalidate(self.tables)
         finally:
