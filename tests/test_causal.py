@@ -2,7 +2,8 @@
 replays 0.5 s late) and MariaDB's by GTID (1-2 s late): a write committed
 in one process, then read by the same client in another, over HTTP, sees
 the write; without pins the same run reads old rows; reads that carry no
-newer pin go to the replica."""
+newer pin go to the replica. A change the listener hears of, made outside
+or by another process, is not cached again from a replica behind it."""
 
 import http.cookies
 import json
@@ -16,6 +17,7 @@ import pytest
 import sqlalchemy as sa
 from webtest import TestApp
 
+from pyramid_dbtune.cache import triggers
 from pyramid_dbtune.routing.engines import pin_key
 from pyramid_dbtune.routing.lag import (
     NO_POSITION,
@@ -26,7 +28,15 @@ from pyramid_dbtune.routing.lag import (
 from pyramid_dbtune.routing.work import PIN_COOKIE, read_pin, sign_pin
 from pyramid_dbtune.settings import parse
 
-from conftest import GET, SET_RENT, call, shared_settings, until
+from conftest import (
+    GET,
+    LISTEN,
+    SET_RENT,
+    call,
+    position_on,
+    shared_settings,
+    until,
+)
 
 STANDBY_OPTIONS = ['recovery_min_apply_delay=500ms']
 #: MariaDB's delay is in whole seconds, counted from its events' times,
@@ -268,3 +278,140 @@ def test_positions_in_every_domain():
 
 def rent(answer):
     return answer['results'][0]['rows'][0][2]
+
+
+def set_rent_outside(url, rent):
+    """Set the rent of property 1 on the writer of ``url``, outside the
+    app (as ``psql`` would); return the writer's position since."""
+    engine = sa.create_engine(url, poolclass=sa.pool.NullPool)
+    with engine.begin() as connection:
+        connection.exec_driver_sql(
+            f'UPDATE property SET rent = {rent} WHERE id = 1'
+        )
+    engine.dispose()
+    return position_on(url)
+
+
+def heard_outside(app, url, rent):
+    """:func:`set_rent_outside`, and wait until the app's listener has
+    applied the change."""
+    listener = app.app.registry.dbtune.listener
+    notices = listener.notices
+    set_rent_outside(url, rent)
+    until(lambda: listener.notices > notices)
+
+
+def listening_with_replica(primary, standby, apps, methods=(GET,), **settings):
+    """An app on ``primary`` that reads from ``standby``, listening; with
+    causal reads, once its replica has replayed where the writer was as
+    it connected (a listener pins its process's fills there: it did not
+    hear what changed before)."""
+    engine = sa.create_engine(primary.url, poolclass=sa.pool.NullPool)
+    triggers.install(engine, {'property': (('area', 'id'), ('rent',))})
+    engine.dispose()
+    settings = {**LISTEN, 'dbtune.read_urls': standby.url, **settings}
+    app = apps(primary.url, list(methods), settings, tables=False)
+    dbtune = app.app.registry.dbtune
+    assert dbtune.listener.listening.wait(10)
+    (reader,) = dbtune.router.readers
+    if dbtune.router.positions:  # else the positions are not looked at
+        until(lambda: covers(reader, dbtune.router.position()))
+    return app
+
+
+def test_a_change_heard_is_not_filled_from_a_replica_behind(replicated, apps):
+    # A change made outside the app, heard of: the cache's next fill of
+    # the table comes from a replica that has replayed it, or from the
+    # writer, not from the replica that shows the rows before it.
+    primary, standby = replicated
+    app = listening_with_replica(primary, standby, apps)
+    router = app.app.registry.dbtune.router
+    (reader,) = router.readers
+    heard_outside(app, primary.url, 91)
+    assert rent(call(app, ('get', {'id': 1}))) == 91
+    assert call(app, ('get', {'id': 1}))['cache']['hit'] == 1
+    # Once the replica has replayed it, it fills the cache again.
+    until(lambda: covers(reader, router.position()))
+    reads = reader.reads
+    assert rent(call(app, ('get', {'id': 2}))) == 120
+    assert reader.reads == reads + 1
+
+
+def test_another_processs_commit_heard_is_not_filled_from_behind(
+    replicated, apps, memcached
+):
+    # Two processes share memcached. The first's commit drops the entries
+    # it changed. The second may fill them before it hears of the commit
+    # (on MySQL, within its listen_every), from the replica behind: as it
+    # hears of it (as one of the app's), it drops them again, and fills
+    # from a replica that has replayed it, or from the writer.
+    primary, standby = replicated
+    shared = shared_settings(memcached)
+    writer = listening_with_replica(
+        primary, standby, apps, (GET, SET_RENT), **shared
+    )
+    slow = {**shared, 'dbtune.cache.listen_every': '1'}
+    filler = listening_with_replica(primary, standby, apps, **slow)
+    listener = filler.app.registry.dbtune.listener
+    own = listener.own
+    call(writer, ('set_rent', {'id': 1, 'rent': 93}))
+    call(filler, ('get', {'id': 1}))  # heard of, or not yet
+    until(lambda: listener.own > own)
+    assert rent(call(filler, ('get', {'id': 1}))) == 93
+    assert rent(call(writer, ('get', {'id': 1}))) == 93
+
+
+@pytest.mark.parametrize('replicated', ['mariadb'], indirect=True)
+def test_a_process_started_after_a_change_does_not_fill_from_behind(
+    replicated, apps, memcached
+):
+    # A process that starts while another listens keeps the cache they
+    # share; a change made just before, which the other heard of, may not
+    # be replayed yet: the new process's fills wait for a replica that has.
+    primary, standby = replicated
+    shared = shared_settings(memcached)
+    first = listening_with_replica(primary, standby, apps, **shared)
+    heard_outside(first, primary.url, 95)
+    second = apps(
+        primary.url, [GET], {**LISTEN, **shared,
+                             'dbtune.read_urls': standby.url}, tables=False,
+    )  # fmt: skip
+    assert second.app.registry.dbtune.listener.listening.wait(10)
+    assert rent(call(second, ('get', {'id': 1}))) == 95
+    assert rent(call(first, ('get', {'id': 1}))) == 95
+
+
+@pytest.mark.parametrize('replicated', ['postgresql'], indirect=True)
+def test_a_change_heard_pins_fills_by_time_without_causal_reads(
+    replicated, apps
+):
+    # For pin_after_write seconds, the fills alone: a read that is not
+    # cached still goes to the replica.
+    primary, standby = replicated
+    pinned = {'dbtune.causal_reads': 'false', 'dbtune.pin_after_write': '1'}
+    app = listening_with_replica(primary, standby, apps, **pinned)
+    pins = app.app.registry.dbtune.router.pins
+    until(lambda: not pins.by_time({'property'}, fill=True))  # connected
+    heard_outside(app, primary.url, 92)
+    assert pins.by_time({'property'}, fill=True)
+    assert not pins.by_time({'property'})
+    assert rent(call(app, ('get', {'id': 1}))) == 92
+
+
+@pytest.mark.parametrize('replicated', ['mariadb'], indirect=True)
+def test_what_changed_before_the_listener_connected_is_not_filled_from_behind(
+    replicated, apps
+):
+    # A listener that connects does not know what changed before: it
+    # drops every cached result, and the fills that follow come from a
+    # replica that has replayed the writer's position then. (MariaDB's
+    # replica is 2 s late: long enough for the app to start.)
+    primary, standby = replicated
+    written = set_rent_outside(primary.url, 94)
+    app = apps(
+        primary.url, [GET], {**LISTEN, 'dbtune.read_urls': standby.url},
+        tables=False,
+    )  # fmt: skip
+    assert app.app.registry.dbtune.listener.listening.wait(10)
+    assert not replayed(standby.url, written)
+    assert rent(call(app, ('get', {'id': 1}))) == 94

@@ -40,6 +40,7 @@ import sqlalchemy as sa
 
 from ..deploy import forks
 from ..routing.connect import ANSWER_WITHIN, listener_engine
+from ..routing.lag import position_of
 from ..routing.stored import inexact_tables
 from ..sql.conditions import any_row, value_tag
 from ..sql.shapes import Change
@@ -221,7 +222,10 @@ class Listener:
         """Once listening: what changed while it was not is not known,
         so every result cached before is dropped; but at its first
         connection, with a cache other processes share, not if one of
-        them listens (:func:`.shared.ask`): it heard."""
+        them listens (:func:`.shared.ask`): it heard. Either way, with
+        replicas, this process's fills of every table are pinned past the
+        writer's position now: it did not hear what changed before."""
+        self._pin(connection, None)
         asked = not self.connects and self._shared_origin is not None
         cache, stopping = self.dbtune.cache, self._stopping
         if asked and shared.ask(connection, cache, self.every, stopping):
@@ -377,8 +381,13 @@ class Listener:
             return
         if origin is not None and origin == self.origin:
             self.own += 1
-            if not self.applies_own:
-                return  # its commit dropped what it could have changed
+            # Its commit dropped what it could have changed; but with
+            # replicas and a cache processes share, this one may have
+            # filled it since, not having heard, from a replica behind.
+            shared_cache = self._shared_origin is not None
+            refilled = shared_cache and self.dbtune.router.replicas
+            if not (self.applies_own or refilled):
+                return
             # Its commit left the reads with a shape to this listener: a
             # change that tells no transaction (more rows than a notice
             # tells, too big, a truncate) drops them, as any untold does.
@@ -399,11 +408,14 @@ class Listener:
         driver = connection.connection.driver_connection
         self._connected(connection)
         while not self._stopping.is_set():
-            for notice in driver.notifies(timeout=self.every, stop_after=64):
-                read = read_notice(notice.payload, self.schemas)
-                if read is None:
-                    continue  # another schema's table of that name
-                token, *change = read
+            # What came in one packet, as soon as it came (the generator
+            # holds the connection's lock until it ends); a change of
+            # another schema's table of that name reads as None.
+            notices = driver.notifies(timeout=self.every, stop_after=1)
+            told = [read_notice(n.payload, self.schemas) for n in notices]
+            told = [read for read in told if read is not None]
+            self._pin(connection, [c[1] for c in told if c[0] is None])
+            for token, *change in told:
                 if token is not None:  # a commit of an app, heard of
                     self._heard(token)
                 else:
@@ -423,10 +435,28 @@ class Listener:
         changes = self.changes = ChangeLog(floor)
         changes.read(connection, None)
         self._connected(connection)
+        told = []  # each read's changes, pinned before they are applied
         while not self._stopping.wait(self.every):
-            changes.read(connection, self.apply)
+            told.clear()
+            changes.read(connection, lambda *change: told.append(change))
+            self._pin(connection, [change[0] for change in told])
+            for change in told:
+                self.apply(*change)
             if self._check(connection):
                 forget_old(connection, changes.floor)
+
+    def _pin(self, connection, tables):
+        """Before the changes of ``tables`` (None: any) are applied: with
+        replicas, this process's fills of them come from one that has
+        replayed them, or from the writer, as after a write of its own
+        (:class:`~pyramid_dbtune.routing.pins.TablePins`). With causal
+        reads, they are past the writer's position now; else they are
+        pinned by time (``dbtune.pin_after_write``)."""
+        router = self.dbtune.router
+        tables = None if tables is None else set(tables) - {shared.PROBE}
+        if router.replicas and (tables is None or tables):
+            position = router.positions and position_of(connection)
+            router.pins.heard(tables, position or None)
 
     def _check(self, connection):
         """Every :data:`CHECK_EVERY` seconds, ask the database something:

@@ -222,7 +222,7 @@ class Router:
         that has replayed ``position``, and for a cache ``fill`` the last
         commit of this process that wrote ``tables`` (the cache is
         everyone's)."""
-        if not writer and self.pins.by_time(tables):
+        if not writer and self.pins.by_time(tables, fill):
             writer = True
         if fill:
             position |= self.pins.position(tables)

@@ -52,8 +52,10 @@ class TablePins:
 
     def __init__(self, seconds):
         self.seconds = seconds
-        #: table: when its pin by time ends (:func:`time.monotonic`)
+        #: table: when its pin by time ends (:func:`time.monotonic`); of
+        #: a change heard of, which pins fills alone
         self._until = {}
+        self._heard_until = {}
         #: table: the log position of the last commit that wrote it
         self._at = {}
         self.after_fork()
@@ -68,6 +70,16 @@ class TablePins:
         a locking read alone): reads of them are filled from a replica that
         has replayed ``position``, where the commit ended; without one, go
         to the writer for :attr:`seconds`."""
+        self._pin(tables, position, self._until)
+
+    def heard(self, tables, position=None):
+        """Note a change of ``tables`` (None: any) committed anywhere, as
+        the listener of changes heard of it (``position``: the writer's
+        since): fills of them, and fills alone, are pinned as by
+        :meth:`wrote`."""
+        self._pin(tables, position, self._heard_until)
+
+    def _pin(self, tables, position, until):
         tables = [ANY_TABLE] if tables is None else tables
         if position is not None:
             with self._lock:
@@ -78,24 +90,21 @@ class TablePins:
             return
         if not self.seconds:
             return
-        until = monotonic() + self.seconds
+        end = monotonic() + self.seconds
         with self._lock:
             for table in tables:
-                self._until[table] = until
+                until[table] = end
 
-    def by_time(self, tables):
-        """Whether a read of ``tables`` goes to the writer, by time."""
-        if not self._until:
+    def by_time(self, tables, fill=False):
+        """Whether a read of ``tables`` goes to the writer, by time; a
+        cache ``fill``, since a change heard of too."""
+        if not (self._until or fill and self._heard_until):
             return False
         now = monotonic()
         with self._lock:
-            for table, until in list(self._until.items()):
-                if until <= now:
-                    del self._until[table]
-            # A write or a read whose tables cannot be told meets any.
-            if ANY_TABLE in self._until or ANY_TABLE in tables:
-                return bool(self._until)
-            return not self._until.keys().isdisjoint(tables)
+            return _meets(self._until, tables, now) or (
+                fill and _meets(self._heard_until, tables, now)
+            )
 
     def position(self, tables):
         """The log position a replica must have replayed to fill a read
@@ -113,3 +122,15 @@ class TablePins:
             for at in written:
                 position |= at or NO_POSITION
         return position
+
+
+def _meets(until, tables, now):
+    """Whether a pin of ``until`` (table: when it ends) meets a read of
+    ``tables``; those that ended go."""
+    for table, end in list(until.items()):
+        if end <= now:
+            del until[table]
+    # A write or a read whose tables cannot be told meets any.
+    if ANY_TABLE in until or ANY_TABLE in tables:
+        return bool(until)
+    return not until.keys().isdisjoint(tables)
