@@ -383,10 +383,13 @@ class Listener:
             self.own += 1
             # Its commit dropped what it could have changed; but with
             # replicas and a cache processes share, this one may have
-            # filled it since, not having heard, from a replica behind.
-            shared_cache = self._shared_origin is not None
-            refilled = shared_cache and self.dbtune.router.replicas
-            if not (self.applies_own or refilled):
+            # filled it since, not having heard, from a replica behind:
+            # dropped again where its fills are pinned now (:meth:`_pin`).
+            router = self.dbtune.router
+            pinned = router.replicas and (
+                router.positions or router.pins.seconds
+            )
+            if not (self.applies_own or pinned and self._shared_origin):
                 return
             # Its commit left the reads with a shape to this listener: a
             # change that tells no transaction (more rows than a notice
