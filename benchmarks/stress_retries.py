@@ -57,7 +57,7 @@ def main(argv=None):
         '--database', choices=('postgresql', 'mysql'), default='postgresql'
     )
     args = parser.parse_args(argv)
-    runs = 2 if args.quick else args.runs
+    runs = 1 if args.quick else args.runs  # --quick: it runs
     scratch = (
         postgresql_scratch if args.database == 'postgresql' else mysql_scratch
     )
