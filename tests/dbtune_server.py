@@ -13,6 +13,7 @@ call:dbtune_server:app_factory``), with conftest's ``SEARCH``, ``GET`` and
 ``SET_RENT``.
 """
 
+import functools
 import json
 import socketserver
 import sys
@@ -43,7 +44,9 @@ def main(argv):
     server = make_server(
         '127.0.0.1', 0, app.app, server_class=_Threaded, handler_class=_Quiet
     )
-    threading.Thread(target=server.serve_forever, daemon=True).start()
+    # Polled every 0.05 s, not 0.5: the tests wait for each to stop.
+    serve = functools.partial(server.serve_forever, poll_interval=0.05)
+    threading.Thread(target=serve, daemon=True).start()
     print(server.server_port, flush=True)
     sys.stdin.read()  # until the test is done with it
     server.shutdown()

@@ -93,7 +93,8 @@ class Server:
             return json.loads(response.read())
 
     def stop(self):
-        self.process.stdin.close()
+        if not self.process.stdin.closed:
+            self.process.stdin.close()
         self.process.wait(30)
 
 
@@ -111,6 +112,8 @@ def servers(replicated):
         return pair
 
     yield start
+    for server in made:  # all at once
+        server.process.stdin.close()
     for server in made:
         server.stop()
 
