@@ -145,7 +145,8 @@ class Router:
             if self.replicas and (settings.max_replica_lag or self.positions)
             else None
         )
-        #: The tables this process's commits wrote.
+        #: The tables this process's commits wrote, and those its listener
+        #: heard were changed (:class:`~.pins.TablePins`).
         self.pins = TablePins(settings.pin_after_write if self.replicas else 0)
         #: What the writer's catalog tells of the tables written.
         self.schema = Schema(self.dialect)
@@ -217,10 +218,11 @@ class Router:
         fill=False,
     ):
         """Run a read, read-only, on a reader; on the writer when ``writer``
-        is true, when ``tables`` were written within the replicas' lag
-        window, or when no reader is up. With causal reads, on a reader
-        that has replayed ``position``, and for a cache ``fill`` the last
-        commit of this process that wrote ``tables`` (the cache is
+        is true, when ``tables`` are pinned by time (:attr:`pins`), or
+        when no reader is up. With causal reads, on a reader that has
+        replayed ``position``, and for a cache ``fill`` the pins of
+        ``tables``: the last commit of this process that wrote them, and
+        the last change of them its listener heard of (the cache is
         everyone's)."""
         if not writer and self.pins.by_time(tables, fill):
             writer = True

@@ -44,8 +44,9 @@ def time_pin(value, key):
 
 
 class TablePins:
-    """The tables a process's commits wrote, and where their reads go, so
-    that no cache is filled from a replica that has not replayed a write:
+    """The tables a process's commits wrote (and those its listener heard
+    were changed), and where their reads go, so that no cache is filled
+    from a replica that has not replayed a write:
     with causal reads, to a replica that has replayed the commit's log
     position; else for ``seconds`` (``dbtune.pin_after_write`` where there
     are replicas, else 0: none) to the writer."""
@@ -56,7 +57,8 @@ class TablePins:
         #: a change heard of, which pins fills alone
         self._until = {}
         self._heard_until = {}
-        #: table: the log position of the last commit that wrote it
+        #: table: the log position of the last commit that wrote it, or
+        #: of the writer as the listener heard of a change of it
         self._at = {}
         self.after_fork()
         forks.renew_after_fork(self)
