@@ -656,12 +656,12 @@ def own_postgresql():
 @pytest.fixture(scope='module')
 def streaming(request):
     """A PostgreSQL primary of the test module's own and its streaming
-    standby, started with the module's ``STANDBY_OPTIONS`` (such as
-    ``recovery_min_apply_delay=2s``, which holds its replay back); its
-    tests share them (:func:`replicated` gives each fresh tables)."""
+    standby, which replays the primary's WAL the module's
+    ``STANDBY_DELAY`` seconds late; its tests share them
+    (:func:`replicated` gives each fresh tables)."""
     primary = own(PostgreSQL)
-    options = getattr(request.module, 'STANDBY_OPTIONS', ())
-    standby = own(PostgreSQL, standby_of=primary, options=options)
+    delay = getattr(request.module, 'STANDBY_DELAY', 0)
+    standby = own(PostgreSQL, standby_of=primary, delay=delay)
     yield primary, standby
     standby.remove()
     primary.remove()
@@ -689,9 +689,9 @@ def replicated(request):
     primary, standby = request.getfixturevalue(kind[request.param])
     if standby.process is None:  # stopped by a test that failed
         standby.start()
-    # MariaDB's delay is set anew: the fresh tables need not wait for it.
-    delay = getattr(request.module, 'REPLICA_DELAY', 0)
-    lifted = request.param == 'mariadb' and delay
+    # The replica's delay is lifted: the fresh tables need not wait for it.
+    name = 'REPLICA_DELAY' if request.param == 'mariadb' else 'STANDBY_DELAY'
+    lifted = delay = getattr(request.module, name, 0)
     if lifted:
         standby.delay(0)
     try:

@@ -82,13 +82,13 @@ class PostgreSQL(_OwnServer):
     the test, and removed at the end.
 
     With ``standby_of``, a streaming standby of that server instead, made
-    by ``pg_basebackup -R``; ``options`` are ``-c`` settings of the
-    server (``recovery_min_apply_delay=500ms``, say)."""
+    by ``pg_basebackup -R``, replaying its WAL ``delay`` seconds late
+    (:meth:`delay`); ``options`` are ``-c`` settings of the server."""
 
     #: A fast shutdown: connections are cut, as at a restart.
     signal = signal.SIGINT
 
-    def __init__(self, standby_of=None, options=()):
+    def __init__(self, standby_of=None, options=(), delay=0):
         super().__init__('dbtune-pg-')
         self.options = list(options)
         if standby_of is None:
@@ -111,6 +111,38 @@ class PostgreSQL(_OwnServer):
         )
         self.process = None
         self.start()
+        if delay:
+            self.delay(delay)
+
+    def delay(self, seconds):
+        """A standby: replay the primary's WAL ``seconds`` late from now on
+        (``recovery_min_apply_delay``, set and reloaded, so that it can be
+        lifted while a test's tables are made)."""
+        wanted = str(round(seconds * 1000))  # as pg_settings shows it, ms
+        engine = sa.create_engine(
+            self.url, poolclass=sa.pool.NullPool, isolation_level='AUTOCOMMIT'
+        )
+        try:
+            with engine.connect() as connection:
+                connection.exec_driver_sql(
+                    f"ALTER SYSTEM SET recovery_min_apply_delay = '{wanted}ms'"
+                )
+                connection.exec_driver_sql('SELECT pg_reload_conf()')
+            # A new session sees it once the postmaster has reloaded, and
+            # told the startup process, which reloads as it wakes.
+            deadline = time.monotonic() + 30
+            while True:
+                with engine.connect() as connection:
+                    shown = connection.exec_driver_sql(
+                        'SELECT setting FROM pg_settings '
+                        "WHERE name = 'recovery_min_apply_delay'"
+                    ).scalar()
+                if shown == wanted:
+                    return
+                assert time.monotonic() < deadline, (shown, wanted)
+                time.sleep(0.01)
+        finally:
+            engine.dispose()
 
     def start(self):
         self.process = subprocess.Popen(

@@ -38,7 +38,7 @@ from conftest import (
     until,
 )
 
-STANDBY_OPTIONS = ['recovery_min_apply_delay=500ms']
+STANDBY_DELAY = 0.5
 #: MariaDB's delay is in whole seconds, counted from its events' times,
 #: which are whole seconds too: a delay of 1 may hold a write back for no
 #: time at all, and the tests that read before the replica has it fail.

@@ -18,7 +18,7 @@ from pyramid_dbtune.zope.connection import Database
 
 from conftest import GET, SET_RENT, call, until
 
-STANDBY_OPTIONS = ['recovery_min_apply_delay=3s']
+STANDBY_DELAY = 3
 REPLICA_DELAY = 3
 NOW = {**GET, 'cache_time': 0}
 

@@ -20,7 +20,7 @@ from pyramid_dbtune.settings import parse
 from conftest import GET, SET_RENT, Property, call, until
 
 #: Every replica applies a commit 2 s after it: behind by that, at least.
-STANDBY_OPTIONS = ['recovery_min_apply_delay=2s']
+STANDBY_DELAY = 2
 REPLICA_DELAY = 2
 
 
