@@ -27,6 +27,11 @@ On PostgreSQL with the in-process cache, the app's own commits are
 applied by the thread too, as anyone's are: the commit leaves the rows it
 changed to it, and waits until the thread has heard of it (see
 :meth:`Listener.expect`).
+
+With replicas, before the thread applies what it heard, it pins the
+process's cache fills of the tables changed, as a commit of the process
+does (:class:`~pyramid_dbtune.routing.pins.TablePins`): a read it drops
+is not filled again from a replica that has not replayed the change.
 """
 
 import json
