@@ -477,6 +477,36 @@ def test_stale_while_another_process_refreshes(sqlite_url, memcached, apps):
         filling.join(10)
 
 
+def test_an_old_entry_put_back_is_not_served_past_its_keeping(
+    sqlite_url, memcached, apps
+):
+    # Whoever reaches memcached can put back an entry and the generations
+    # it was read with, as they were before a write: its signature holds.
+    # While another process holds the fill lock (another unsigned key), it
+    # is not served, stale or waited for, past the time memcached would
+    # have kept it (kept_for: one second for a fifth of a second).
+    app = apps(sqlite_url, [], shared_settings(memcached))
+    cache = app.app.registry.dbtune.cache
+    key, tables = ('k', (3,), (int,)), frozenset(['t'])
+    cache.get_or_fill(key, 0.2, tables, lambda: one_row('old'))
+    attacker = Client(('127.0.0.1', memcached.port), default_noreply=False)
+    saved = attacker.get_many(cache.hit_keys(key, tables))
+    assert len(saved) == 3
+    cache.invalidate(tables)  # a write
+    time.sleep(1.1)  # memcached has dropped the entry
+    attacker.set_many(saved, expire=60)
+    release, filling = slow_fill_elsewhere(
+        sqlite_url, memcached, apps, key, 0.2, one_row('elsewhere')
+    )
+    try:
+        got = cache.get_or_fill(key, 0.2, tables, lambda: one_row('new'))
+        assert got == (one_row('new'), 'miss')
+    finally:
+        release.set()
+        filling.join(10)
+    attacker.close()
+
+
 def test_an_entry_is_kept_as_long_again_past_its_time():
     # So that one process refreshes it while the others are served it;
     # never past memcached's 30 days, which it would read as a date.

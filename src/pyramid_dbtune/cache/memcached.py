@@ -57,8 +57,7 @@ def _digest(text):
 
 def kept_for(ttl):
     """Seconds memcached keeps an entry of ``ttl`` seconds: as long again
-    past its time, to be served while one process refreshes it; never past
-    memcached's 30 days."""
+    past its time, served while one process refreshes it; at most 30 days."""
     return min(MAX_EXPIRY, max(1, int(ttl * 2 + 1)))
 
 
@@ -68,10 +67,10 @@ class MemcachedCache(ServerCalls):
     Counters, as :class:`~pyramid_dbtune.cache.MemoryCache` has them, plus
     ``errors`` (memcached failures, each a miss), ``rejected`` (values whose
     signature or encoding failed, and generations that were not counters),
-    ``unencodable`` (rows holding values the
-    codec cannot share), ``too_big`` (over ``dbtune.cache.item_limit``)
-    and ``near_hits`` (hits of reads that no write invalidates, served from
-    this process's copy of rows it had verified, without a round trip).
+    ``unencodable`` (rows holding values the codec cannot share),
+    ``too_big`` (over ``dbtune.cache.item_limit``) and ``near_hits`` (hits
+    of reads that no write invalidates, served from this process's copy of
+    rows it had verified, without a round trip).
     """
 
     def __init__(self, settings):
@@ -85,9 +84,8 @@ class MemcachedCache(ServerCalls):
             settings.cache_dead_retry,
         )
         self.hits = self.misses = self.stale = self.waited = 0
-        self.errors = self.rejected = self.unencodable = 0
+        self.errors = self.rejected = self.unencodable = self.near_hits = 0
         self.too_big = self.discarded = self.invalidations = 0
-        self.near_hits = 0
         self._kept_bounds = (
             settings.cache_max_entries,
             settings.cache_max_bytes,
@@ -357,7 +355,9 @@ class MemcachedCache(ServerCalls):
                 with self._counting:
                     self.hits += 1
                 return rows, HIT
-            stale = rows
+            # While memcached keeps it: not for ever, if put back in it.
+            if time.time() < expires - ttl + kept_for(ttl):
+                stale = rows
         else:
             # What this process kept, if anything, is not what memcached
             # holds now: the next read asks for the entry with its
@@ -443,7 +443,7 @@ class MemcachedCache(ServerCalls):
             got = self._on(server, {}, 'get_many', [name, lock])
             value = got.get(name)
             entry = self._entry(name, value) if value is not None else None
-            if entry is not None and entry[1] == generations:
+            if entry and entry[1] == generations and time.time() < entry[2]:
                 self._remember(name, value, entry, emptied)
                 return entry[0]
             if lock not in got:
