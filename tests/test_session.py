@@ -1,6 +1,8 @@
 """``request.dbsession``'s statements: which of them write, where they
 run, and what they leave in the cache, on PostgreSQL and MariaDB."""
 
+import itertools
+
 import psycopg
 import pytest
 import sqlalchemy as sa
@@ -179,6 +181,55 @@ def test_a_setting_after_a_write_runs_in_the_writing_transaction(
     assert app.get('/view').json in ('4s', '4.0')
     assert log.count(setting, engine='writer') == 1
     assert cached(app, 'names')[1]  # not dropped
+
+
+#: Settings of the session, not of its transaction: kept by the
+#: connection past the commit.
+SESSION_SETTINGS = {
+    'postgresql': "SET statement_timeout = '4s'",
+    'mysql': 'SET SESSION max_statement_time = 4',
+}
+
+
+@pytest.mark.parametrize(
+    'made',
+    ['in a read', 'in a flush', 'before a write', 'after it', 'by a method'],
+)
+def test_a_setting_leaves_with_its_connection(server_url, apps, made):
+    setting = SESSION_SETTINGS[dialect(server_url)]
+    show = SHOWS[dialect(server_url)]
+    rents = itertools.count(100)
+
+    def view(request):
+        session = request.dbsession
+        sets = request.params.get('set')
+        if sets and made == 'by a method':
+            request.sql.set()  # in the writing transaction
+        elif sets and made != 'after it':
+            session.execute(sa.text(setting))  # made again on the writer
+        if made == 'in a flush':  # that changes nothing: no write
+            session.get(Property, 4).rent = 70
+            session.flush()
+        elif made != 'in a read':
+            session.get(Property, 4).rent = next(rents)
+            session.flush()  # the first write, on the writer
+        if sets and made == 'after it':
+            session.execute(sa.text(setting))  # in the writing transaction
+        return str(session.scalar(sa.text(show)))
+
+    # One pooled reader connection: the next request would get the
+    # request's, were it pooled (and the writer has one, used in turn).
+    app = view_app(
+        apps,
+        server_url,
+        view,
+        [RENTS, {'name': 'set', 'sql': setting}],
+        {'dbtune.read_pool_size': 1},
+    )
+    default = app.get('/view').json
+    assert app.get('/view', {'set': '1'}).json != default
+    # The requests after it run without it: its connection was closed.
+    assert [app.get('/view').json for _ in range(3)] == [default] * 3
 
 
 def test_a_search_path_set_in_the_session_is_its_requests_alone(

@@ -53,9 +53,13 @@ _SETTING = object()
 @event.listens_for(Session, 'do_orm_execute')
 def _do_orm_execute(state):
     unit = state.session.info.get(UNIT)
-    if unit is None or state.execution_options.get('dbtune_routed'):
-        return None  # not adopted, or a SQL method: routed already
+    if unit is None:
+        return None  # not adopted
     statement = _inner(state)
+    if state.execution_options.get('dbtune_routed'):  # a SQL method's
+        if _told(statement) is _SETTING:  # committed with the writer's
+            state.session.connection().detach()  # as _setting() says
+        return None  # routed already
     written = _written(statement, state.execution_options.get(WRITES))
     if written is _SETTING:
         _setting(unit, state, statement)
@@ -154,16 +158,14 @@ def _setting(unit, state, statement):
     <pyramid_dbtune.routing.work.UnitOfWork.settings>`), and its first
     write makes it again on the writer (:func:`_set_again`).
 
-    MySQL and MariaDB keep a setting on its connection past its
-    transaction: that connection is closed, not pooled, once the request
-    is done with it, so that no other request's reads, and no cached
-    rows, see it. PostgreSQL undoes it as the reader's transaction is
-    rolled back."""
-    if unit.dirty:
-        return  # made in the writing transaction
-    unit.settings.append((statement, state.parameters))
-    if unit.router.dialect in ('mysql', 'mariadb'):
-        state.session.connection().detach()
+    A setting stays on its connection past a transaction that commits
+    (the writer's, or the reader's of a request that writes nothing), and
+    on MySQL and MariaDB past any: a connection that made one is closed,
+    not pooled, once the request is done with it, so that no other
+    request, and no cached rows, see it."""
+    if not unit.dirty:  # else made in the writing transaction
+        unit.settings.append((statement, state.parameters))
+    state.session.connection().detach()
 
 
 @event.listens_for(Session, 'after_begin')
@@ -179,6 +181,7 @@ def _set_again(session, transaction, connection):
     ):
         for statement, params in unit.settings:
             connection.execute(statement, params)
+        connection.detach()  # closed, not pooled, as the reader's was
 
 
 def _inner(state):
