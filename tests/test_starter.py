@@ -14,7 +14,7 @@ from pyramid.paster import get_app
 from pyramid.request import Request
 from webtest import TestApp
 
-from conftest import query_log
+from conftest import GET, Property, create_tables, query_log
 
 STARTER = Path(__file__).parent / 'starter_app'
 
@@ -218,6 +218,55 @@ def test_a_thread_local_session_is_its_own_again_after_its_request(
         assert connection.execute(sa.select(note.c.id)).all() == [(1,)]
     assert app.get('/parent').json == [True, 1, [True, 1]]
     scoped.remove()
+    app.app.registry.dbtune.router.dispose()
+    engine.dispose()
+
+
+def test_a_subrequest_is_given_its_parents_session(server_url):
+    # Pyramid's starter makes a session for each request. A subrequest in
+    # its parent's transaction is given the parent's, as a scoped session
+    # would give it: each sees the other's changes, and the one session
+    # that writes is routed to the writer.
+    create_tables(server_url)
+    engine = sa.create_engine(server_url)
+    factory = sa.orm.sessionmaker(bind=engine)
+
+    def dbsession(request):
+        session = factory()
+        zope.sqlalchemy.register(session, transaction_manager=request.tm)
+        return session
+
+    def child(request):
+        request.dbsession.get(Property, 2).rent = 222
+        request.dbsession.flush()
+        return 'ok'
+
+    def parent(request):
+        session = request.dbsession
+        session.get(Property, 1).rent = 5  # pending
+        request.invoke_subrequest(Request.blank('/child'), use_tweens=False)
+        return {
+            'own': request.sql.get(id=1)[0].rent,  # flushed before it
+            'child': session.scalar(
+                sa.select(Property.rent).where(Property.id == 2)
+            ),
+        }
+
+    config = Configurator(settings={'dbtune.url': server_url})
+    config.include('pyramid_tm')
+    config.add_request_method(dbsession, 'dbsession', reify=True)
+    config.include('pyramid_dbtune')
+    config.add_sql_method(**GET)
+    for name, view in (('parent', parent), ('child', child)):
+        config.add_route(name, f'/{name}')
+        config.add_view(view, route_name=name, renderer='json')
+    app = TestApp(config.make_wsgi_app())
+    assert app.get('/parent').json == {'own': 5, 'child': 222}
+    with engine.connect() as connection:
+        rents = connection.execute(
+            sa.text('SELECT id, rent FROM property WHERE id IN (1, 2)')
+        )
+        assert dict(rents.all()) == {1: 5, 2: 222}  # committed, both
     app.app.registry.dbtune.router.dispose()
     engine.dispose()
 
