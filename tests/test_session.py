@@ -232,6 +232,27 @@ def test_a_setting_leaves_with_its_connection(server_url, apps, made):
     assert [app.get('/view').json for _ in range(3)] == [default] * 3
 
 
+def test_a_readers_setting_is_undone_and_its_connection_kept(
+    postgresql_url, apps
+):
+    # A PostgreSQL reader's connection is reset as it returns to its pool
+    # (a new connection for every request that sets a search_path, say,
+    # would cost it more than its reads).
+    def view(request):
+        session = request.dbsession
+        if request.params.get('set'):
+            session.execute(sa.text(SESSION_SETTINGS['postgresql']))
+        pid = session.scalar(sa.text('SELECT pg_backend_pid()'))
+        return [pid, str(session.scalar(sa.text(SHOWS['postgresql'])))]
+
+    app = view_app(
+        apps, postgresql_url, view, settings={'dbtune.read_pool_size': 1}
+    )
+    pid, default = app.get('/view').json
+    assert app.get('/view', {'set': '1'}).json == [pid, '4s']
+    assert app.get('/view').json == [pid, default]
+
+
 def test_a_search_path_set_in_the_session_is_its_requests_alone(
     postgresql_url, apps
 ):

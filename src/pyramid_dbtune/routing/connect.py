@@ -162,6 +162,7 @@ def make_read_only(engine):
     dialect = engine.dialect.name
     if dialect == 'postgresql':
         engine.update_execution_options(postgresql_readonly=True)
+        event.listen(engine, 'reset', _reset_settings)
     elif dialect in _READ_ONLY_SESSION:
         # Once per connection: no statement before each read.
         event.listen(
@@ -178,6 +179,24 @@ def make_read_only(engine):
                 'SET TRANSACTION READ ONLY'
             ),
         )
+
+
+#: ``Connection.info`` key: a request made a setting (``SET``) on this
+#: PostgreSQL reader's connection, undone as it returns to its pool.
+SETTINGS_MADE = 'dbtune_settings_made'
+
+
+def _reset_settings(dbapi_connection, record, state):
+    """Undo a request's settings before its reader's connection goes back
+    to the pool: a transaction that committed keeps them. A reader holds
+    no setting of the package's own. Should it fail, SQLAlchemy closes
+    the connection."""
+    if record.info.pop(SETTINGS_MADE, False) and not state.terminate_only:
+        dbapi_connection.rollback()
+        cursor = dbapi_connection.cursor()
+        cursor.execute('RESET ALL')
+        cursor.close()
+        dbapi_connection.commit()
 
 
 #: How a connection is made read-only for good, by dialect.

@@ -25,6 +25,7 @@ from sqlalchemy.sql.expression import TextClause, TextualSelect
 
 from ..sql import analysis
 from ..sql.conditions import foreign_reach
+from .connect import SETTINGS_MADE
 from .errors import WriteInReadError, is_read_only_refusal
 from .flush import WHAT  # and flush listens to every session's flushes
 from .work import UNIT
@@ -162,10 +163,15 @@ def _setting(unit, state, statement):
     (the writer's, or the reader's of a request that writes nothing), and
     on MySQL and MariaDB past any: a connection that made one is closed,
     not pooled, once the request is done with it, so that no other
-    request, and no cached rows, see it."""
+    request, and no cached rows, see it; a PostgreSQL reader's is reset
+    instead, as it returns to its pool (``RESET ALL``)."""
+    connection = state.session.connection()
     if not unit.dirty:  # else made in the writing transaction
         unit.settings.append((statement, state.parameters))
-    state.session.connection().detach()
+        if unit.router.dialect == 'postgresql':
+            connection.info[SETTINGS_MADE] = True
+            return
+    connection.detach()
 
 
 @event.listens_for(Session, 'after_begin')
