@@ -10,6 +10,7 @@ import transaction
 from pyramid.scripting import prepare
 
 from pyramid_dbtune import WriteInReadError
+from pyramid_dbtune.routing.connect import leaves_setting
 from pyramid_dbtune.routing.errors import is_read_only_refusal
 
 from conftest import Property, query_log, run_sql
@@ -193,7 +194,14 @@ SESSION_SETTINGS = {
 
 @pytest.mark.parametrize(
     'made',
-    ['in a read', 'in a flush', 'before a write', 'after it', 'by a method'],
+    [
+        'in a read',
+        'in a flush',
+        'before a write',
+        'after it',
+        'by a method',
+        'on its connection',
+    ],
 )
 def test_a_setting_leaves_with_its_connection(server_url, apps, made):
     setting = SESSION_SETTINGS[dialect(server_url)]
@@ -205,7 +213,7 @@ def test_a_setting_leaves_with_its_connection(server_url, apps, made):
         sets = request.params.get('set')
         if sets and made == 'by a method':
             request.sql.set()  # in the writing transaction
-        elif sets and made != 'after it':
+        elif sets and made in ('in a read', 'in a flush', 'before a write'):
             session.execute(sa.text(setting))  # made again on the writer
         if made == 'in a flush':  # that changes nothing: no write
             session.get(Property, 4).rent = 70
@@ -215,6 +223,8 @@ def test_a_setting_leaves_with_its_connection(server_url, apps, made):
             session.flush()  # the first write, on the writer
         if sets and made == 'after it':
             session.execute(sa.text(setting))  # in the writing transaction
+        elif sets and made == 'on its connection':  # the session unaware
+            session.connection().execute(sa.text(setting))
         return str(session.scalar(sa.text(show)))
 
     # One pooled reader connection: the next request would get the
@@ -230,6 +240,64 @@ def test_a_setting_leaves_with_its_connection(server_url, apps, made):
     assert app.get('/view', {'set': '1'}).json != default
     # The requests after it run without it: its connection was closed.
     assert [app.get('/view').json for _ in range(3)] == [default] * 3
+
+
+@pytest.mark.parametrize('write', [True, False])
+@pytest.mark.parametrize(
+    'setting, show',
+    [
+        (
+            "SELECT set_config('statement_timeout', '4s', false)",
+            "SELECT current_setting('statement_timeout')",
+        ),
+        (
+            'SET SESSION CHARACTERISTICS AS TRANSACTION ISOLATION LEVEL '
+            'SERIALIZABLE',
+            "SELECT current_setting('default_transaction_isolation')",
+        ),
+    ],
+)
+def test_settings_that_read_otherwise_leave_with_their_connection(
+    postgresql_url, apps, setting, show, write
+):
+    # A set_config() reads as a read, and the transaction's defaults as a
+    # write of no table: on the reader, or on the writer, neither stays.
+    def view(request):
+        session = request.dbsession
+        row = session.get(Property, 4)
+        row.rent = row.rent + 1 if write else row.rent  # a flush either way
+        session.flush()
+        if request.params.get('set'):
+            session.execute(sa.text(setting))
+        return str(session.scalar(sa.text(show)))
+
+    app = view_app(
+        apps, postgresql_url, view, settings={'dbtune.read_pool_size': 1}
+    )
+    default = app.get('/view').json
+    assert app.get('/view', {'set': '1'}).json != default
+    assert [app.get('/view').json for _ in range(3)] == [default] * 3
+
+
+def test_which_statements_leave_a_setting_on_their_connection():
+    leaves = [
+        'SET search_path TO tenant',
+        "/* a method */ set session time_zone = '+05:00'",
+        "SELECT set_config('app.tenant', 'a', false)",
+        'SET SESSION CHARACTERISTICS AS TRANSACTION READ ONLY',
+        'SET @x = 1',
+    ]
+    stay = [
+        'SELECT 1',
+        "SET LOCAL statement_timeout = '4s'",
+        'SET TRANSACTION ISOLATION LEVEL SERIALIZABLE',
+        'SET CONSTRAINTS ALL DEFERRED',
+        'UPDATE property SET rent = 1',
+        "SELECT 'set search_path'",
+        'UPDATE property SET rent = 1 WHERE id IN ' + '(1)' * 2000,  # long
+    ]
+    assert [leaves_setting(sql) for sql in leaves] == [True] * len(leaves)
+    assert [leaves_setting(sql) for sql in stay] == [False] * len(stay)
 
 
 def test_a_readers_setting_is_undone_and_its_connection_kept(

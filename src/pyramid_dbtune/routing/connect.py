@@ -4,12 +4,14 @@ into :class:`~pyramid_dbtune.sql.rows.Rows`."""
 
 import functools
 import math
+import re
 
 from pyramid.exceptions import ConfigurationError
 from sqlalchemy import create_engine, event
 from sqlalchemy.engine import make_url
 from sqlalchemy.pool import NullPool
 
+from ..sql.analysis import tokens
 from ..sql.rows import Rows, reserve_for
 from .errors import mark_retryable
 
@@ -113,7 +115,48 @@ def make_engine(url, connect_timeout=0, statement_timeout=0, **kw):
         kw['connect_args'] = args
     engine = create_engine(url, **kw)
     event.listen(engine, 'handle_error', mark_retryable)
+    event.listen(engine, 'before_cursor_execute', _made_setting)
     return engine
+
+
+def _made_setting(connection, cursor, statement, *args):
+    """A statement that leaves a setting on its connection past its
+    transaction (``SET``, but ``SET LOCAL``, ``SET TRANSACTION`` and
+    ``SET CONSTRAINTS``; ``set_config()``), however it was run: through a
+    session, a SQL method, Zope's ``connection().execute``. Its connection
+    is closed, not pooled, once the request is done with it, so that no
+    other request, and no cached rows, see the setting; a PostgreSQL
+    reader's is reset instead (:func:`_reset_settings`)."""
+    if leaves_setting(statement):
+        if event.contains(connection.engine, 'reset', _reset_settings):
+            connection.info[SETTINGS_MADE] = True
+        else:
+            connection.detach()
+
+
+def leaves_setting(sql):
+    """Whether ``sql`` may leave a setting on its connection past its
+    transaction (see :func:`_made_setting`). Asked of every statement:
+    only those that name ``set`` are read, and the short ones' answers
+    remembered."""
+    if not _NAMES_SET.search(sql):
+        return False
+    if len(sql) > _REMEMBERED:
+        return _leaves_setting.__wrapped__(sql)
+    return _leaves_setting(sql)
+
+
+_NAMES_SET = re.compile('set', re.IGNORECASE)
+_REMEMBERED = 4096  # characters
+
+
+@functools.lru_cache(maxsize=1024)
+def _leaves_setting(sql):
+    words = [word.lower() for word in tokens(sql)]
+    return 'set_config' in words or (
+        words[:1] == ['set']
+        and words[1:2] not in (['local'], ['transaction'], ['constraints'])
+    )
 
 
 #: Seconds the listener of changes waits for its database to answer, at

@@ -25,7 +25,6 @@ from sqlalchemy.sql.expression import TextClause, TextualSelect
 
 from ..sql import analysis
 from ..sql.conditions import foreign_reach
-from .connect import SETTINGS_MADE
 from .errors import WriteInReadError, is_read_only_refusal
 from .flush import WHAT  # and flush listens to every session's flushes
 from .work import UNIT
@@ -54,13 +53,9 @@ _SETTING = object()
 @event.listens_for(Session, 'do_orm_execute')
 def _do_orm_execute(state):
     unit = state.session.info.get(UNIT)
-    if unit is None:
-        return None  # not adopted
+    if unit is None or state.execution_options.get('dbtune_routed'):
+        return None  # not adopted, or a SQL method: routed already
     statement = _inner(state)
-    if state.execution_options.get('dbtune_routed'):  # a SQL method's
-        if _told(statement) is _SETTING:  # committed with the writer's
-            state.session.connection().detach()  # as _setting() says
-        return None  # routed already
     written = _written(statement, state.execution_options.get(WRITES))
     if written is _SETTING:
         _setting(unit, state, statement)
@@ -164,14 +159,10 @@ def _setting(unit, state, statement):
     on MySQL and MariaDB past any: a connection that made one is closed,
     not pooled, once the request is done with it, so that no other
     request, and no cached rows, see it; a PostgreSQL reader's is reset
-    instead, as it returns to its pool (``RESET ALL``)."""
-    connection = state.session.connection()
+    instead, as it returns to its pool (``RESET ALL``). The engines see to
+    that, for every statement (:mod:`~pyramid_dbtune.routing.connect`)."""
     if not unit.dirty:  # else made in the writing transaction
         unit.settings.append((statement, state.parameters))
-        if unit.router.dialect == 'postgresql':
-            connection.info[SETTINGS_MADE] = True
-            return
-    connection.detach()
 
 
 @event.listens_for(Session, 'after_begin')
@@ -187,7 +178,6 @@ def _set_again(session, transaction, connection):
     ):
         for statement, params in unit.settings:
             connection.execute(statement, params)
-        connection.detach()  # closed, not pooled, as the reader's was
 
 
 def _inner(state):
