@@ -222,11 +222,13 @@ def test_a_thread_local_session_is_its_own_again_after_its_request(
     engine.dispose()
 
 
-def test_a_subrequest_is_given_its_parents_session(server_url):
+@pytest.mark.parametrize('parent_first', [True, False])
+def test_a_subrequest_is_given_its_parents_session(server_url, parent_first):
     # Pyramid's starter makes a session for each request. A subrequest in
     # its parent's transaction is given the parent's, as a scoped session
-    # would give it: each sees the other's changes, and the one session
-    # that writes is routed to the writer.
+    # would give it, or the parent the subrequest's, whichever made one
+    # first: each sees the other's changes, and the one session that
+    # writes is routed to the writer.
     create_tables(server_url)
     engine = sa.create_engine(server_url)
     factory = sa.orm.sessionmaker(bind=engine)
@@ -242,9 +244,17 @@ def test_a_subrequest_is_given_its_parents_session(server_url):
         return 'ok'
 
     def parent(request):
+        if not parent_first:
+            request.invoke_subrequest(
+                Request.blank('/child'), use_tweens=False
+            )
         session = request.dbsession
         session.get(Property, 1).rent = 5  # pending
-        request.invoke_subrequest(Request.blank('/child'), use_tweens=False)
+        if parent_first:
+            request.invoke_subrequest(
+                Request.blank('/child'), use_tweens=False
+            )
+        session.get(Property, 2).rent += 1  # the same row: no lock wait
         return {
             'own': request.sql.get(id=1)[0].rent,  # flushed before it
             'child': session.scalar(
@@ -252,7 +262,9 @@ def test_a_subrequest_is_given_its_parents_session(server_url):
             ),
         }
 
-    config = Configurator(settings={'dbtune.url': server_url})
+    config = Configurator(
+        settings={'dbtune.url': server_url, 'dbtune.statement_timeout': '5'}
+    )
     config.include('pyramid_tm')
     config.add_request_method(dbsession, 'dbsession', reify=True)
     config.include('pyramid_dbtune')
@@ -261,12 +273,12 @@ def test_a_subrequest_is_given_its_parents_session(server_url):
         config.add_route(name, f'/{name}')
         config.add_view(view, route_name=name, renderer='json')
     app = TestApp(config.make_wsgi_app())
-    assert app.get('/parent').json == {'own': 5, 'child': 222}
+    assert app.get('/parent').json == {'own': 5, 'child': 223}
     with engine.connect() as connection:
         rents = connection.execute(
             sa.text('SELECT id, rent FROM property WHERE id IN (1, 2)')
         )
-        assert dict(rents.all()) == {1: 5, 2: 222}  # committed, both
+        assert dict(rents.all()) == {1: 5, 2: 223}  # committed, both
     app.app.registry.dbtune.router.dispose()
     engine.dispose()
 

@@ -228,13 +228,8 @@ def provide(registry):
 
 def _adopting(own):
     def dbsession(request):
-        unit = request.dbtune.unit
-        if unit.request is not None and unit.request is not request:
-            # A subrequest in its parent's transaction: the parent's
-            # session, as a scoped session would be, not one of its own
-            # that would take the unit's place.
-            return unit.session
         session = own.__get__(request, type(request))
+        unit = request.dbtune.unit
         writer = unit.router.writer.url
         bind = getattr(session, 'bind', None)
         if not (isinstance(session, Session) and _same_database(bind, writer)):
@@ -244,8 +239,7 @@ def _adopting(own):
                 f'({writer!r}), so pyramid_dbtune cannot route it: set '
                 'dbtune.dbsession = false to leave it alone'
             )
-        unit.adopt(session)
-        return session
+        return unit.adopt(session)
 
     return dbsession
 

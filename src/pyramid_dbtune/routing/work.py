@@ -145,15 +145,12 @@ class UnitOfWork:
         request has ended, and its transaction too, let go of it.
 
         ``request.dbtune`` holds the unit, and the unit the request: left
-        as they are, the request, its environ and its response wait for
-        the garbage collector, which a busy worker then runs twice as
-        often. Run after the request's other finished callbacks, which may
-        still use the unit. A subrequest run in its parent's transaction
-        hands the unit to its parent, which goes on in it: the parent's
-        response gets the pin, and the transaction ends with the parent.
-        A write transaction still open when a request ends, that no
-        request under it goes on in, would hold its write slot for ever:
-        it is aborted."""
+        so, they wait for the garbage collector (run twice as often). Run
+        after the request's other finished callbacks, which may use it. A
+        subrequest in its parent's transaction hands the unit to the
+        parent: its response gets the pin, its end ends the transaction.
+        A write transaction open as a request ends, that no request goes
+        on in, would hold its write slot for ever: it is aborted."""
         if request.finished_callbacks and not last:
             # The others first; once, in case another callback waits so.
             request.add_finished_callback(partial(self.ended, last=True))
@@ -224,13 +221,14 @@ class UnitOfWork:
         commits. It must join ``request.tm`` (zope.sqlalchemy's
         ``register``). One given at work, in a transaction its caller
         keeps (as the starter's tests hand theirs over), :attr:`stays`:
-        SQL methods run in it, and the caller ends the transaction."""
-        if (
-            session is not self._session
-            and UNIT not in session.info
-            and session.in_transaction()
-        ):
-            self.stays = True
+        SQL methods run in it, and the caller ends the transaction.
+        Returns the session it routes: one adopted before in its
+        transaction (a subrequest's, or its parent's) stays that one."""
+        held = self._session
+        if held not in (None, session) and held.info.get(UNIT) is self:
+            return held
+        if session is not held and UNIT not in session.info:
+            self.stays = self.stays or session.in_transaction()
         self._session = session
         # Its bind before any unit routed it (a subrequest in the same
         # transaction adopts it again).
@@ -243,6 +241,7 @@ class UnitOfWork:
         session.info[UNIT] = self
         if not self.stays:
             session.bind = self._engine()
+        return session
 
     def _engine(self):
         # A session's engine: the writer once its transaction has written,
