@@ -138,6 +138,43 @@ def test_a_script_outside_a_request_has_no_client_to_pin(postgresql_url):
         dbtune.close()
 
 
+#: ``(a setting of the session, what shows it)`` by database.
+SETTINGS = {
+    'postgresql': (
+        "SET statement_timeout = '4s'",
+        "SELECT current_setting('statement_timeout')",
+    ),
+    'mysql': (
+        'SET SESSION max_statement_time = 4',
+        'SELECT @@max_statement_time',
+    ),
+}
+
+
+def test_a_zsql_methods_setting_leaves_with_its_connection(server_url):
+    # Zope runs a ZSQL Method's statement on the session's connection:
+    # committed there, a setting is not handed to the next transaction.
+    setting, show = SETTINGS[server_url.split(':')[0].split('+')[0]]
+    create_tables(server_url)
+    dbtune = DBTune(parse({'dbtune.url': server_url}))
+    database = Database(dbtune)
+    writer = dbtune.router.writer
+
+    def on_the_writer():
+        with writer.connect() as connection:
+            return str(connection.scalar(sa.text(show)))
+
+    try:
+        default = on_the_writer()
+        database.query(setting)
+        database.query('UPDATE property SET rent = rent + 1 WHERE id = 4')
+        transaction.commit()
+        assert on_the_writer() == default
+    finally:
+        transaction.abort()
+        dbtune.close()
+
+
 def test_without_causal_reads_a_commit_pins_the_fills_of_its_tables(
     sqlite_url,
 ):
