@@ -300,6 +300,29 @@ def test_which_statements_leave_a_setting_on_their_connection():
     assert [leaves_setting(sql) for sql in stay] == [False] * len(stay)
 
 
+def test_a_sql_methods_setting_on_the_reader_leaves_with_it(mysql_url, apps):
+    # Declared a read, it runs on MariaDB's reader, which keeps a setting
+    # past any transaction: that connection is not pooled either.
+    setting, show = SESSION_SETTINGS['mysql'], SHOWS['mysql']
+
+    def view(request):
+        if request.params.get('set'):
+            request.sql.set()
+        return str(request.sql.show()[0].v)
+
+    methods = [
+        RENTS,
+        {'name': 'set', 'sql': setting, 'writes': False},
+        {'name': 'show', 'sql': show},
+    ]
+    app = view_app(
+        apps, mysql_url, view, methods, {'dbtune.read_pool_size': 1}
+    )
+    default = app.get('/view').json
+    app.get('/view', {'set': '1'})
+    assert [app.get('/view').json for _ in range(3)] == [default] * 3
+
+
 def test_a_readers_setting_is_undone_and_its_connection_kept(
     postgresql_url, apps
 ):
