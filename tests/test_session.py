@@ -214,7 +214,7 @@ def test_a_setting_leaves_with_its_connection(server_url, apps, made):
         if sets and made == 'by a method':
             request.sql.set()  # in the writing transaction
         elif sets and made in ('in a read', 'in a flush', 'before a write'):
-            session.execute(sa.text(setting))  # made again on the writer
+            session.execute(sa.text(setting))  # on the reader
         if made == 'in a flush':  # that changes nothing: no write
             session.get(Property, 4).rent = 70
             session.flush()
@@ -238,7 +238,8 @@ def test_a_setting_leaves_with_its_connection(server_url, apps, made):
     )
     default = app.get('/view').json
     assert app.get('/view', {'set': '1'}).json != default
-    # The requests after it run without it: its connection was closed.
+    # The requests after it run without it: its connection was closed
+    # (or, a PostgreSQL reader's, reset).
     assert [app.get('/view').json for _ in range(3)] == [default] * 3
 
 

@@ -225,7 +225,8 @@ class UnitOfWork:
         Returns the session it routes: one adopted before in its
         transaction (a subrequest's, or its parent's) stays that one."""
         held = self._session
-        if held not in (None, session) and held.info.get(UNIT) is self:
+        adopted = held is not None and held.info.get(UNIT) is self
+        if adopted and held is not session:
             return held
         if session is not held and UNIT not in session.info:
             self.stays = self.stays or session.in_transaction()
