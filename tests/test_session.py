@@ -280,6 +280,31 @@ def test_settings_that_read_otherwise_leave_with_their_connection(
     assert [app.get('/view').json for _ in range(3)] == [default] * 3
 
 
+@pytest.mark.parametrize('how', ['in a read', 'in a write'])
+def test_another_database_used_leaves_with_its_connection(
+    mysql_url, apps, how
+):
+    # MySQL's USE changes the database of the connection, not of the
+    # transaction: a request's tenant must not be the next request's.
+    run_sql(mysql_url, 'CREATE DATABASE IF NOT EXISTS dbtune_other')
+
+    def view(request):
+        session = request.dbsession
+        if how == 'in a write':
+            session.get(Property, 4).rent += 1
+            session.flush()
+        if request.params.get('use'):
+            session.connection().exec_driver_sql('USE dbtune_other')
+        return session.scalar(sa.text('SELECT DATABASE()'))
+
+    app = view_app(
+        apps, mysql_url, view, settings={'dbtune.read_pool_size': 1}
+    )
+    default = app.get('/view').json
+    assert app.get('/view', {'use': '1'}).json == 'dbtune_other'
+    assert [app.get('/view').json for _ in range(3)] == [default] * 3
+
+
 def test_which_statements_leave_a_setting_on_their_connection():
     leaves = [
         'SET search_path TO tenant',
@@ -287,6 +312,7 @@ def test_which_statements_leave_a_setting_on_their_connection():
         "SELECT set_config('app.tenant', 'a', false)",
         'SET SESSION CHARACTERISTICS AS TRANSACTION READ ONLY',
         'SET @x = 1',
+        'USE tenant',
     ]
     stay = [
         'SELECT 1',
@@ -295,6 +321,7 @@ def test_which_statements_leave_a_setting_on_their_connection():
         'SET CONSTRAINTS ALL DEFERRED',
         'UPDATE property SET rent = 1',
         "SELECT 'set search_path'",
+        'SELECT * FROM users',
         'UPDATE property SET rent = 1 WHERE id IN ' + '(1)' * 2000,  # long
     ]
     assert [leaves_setting(sql) for sql in leaves] == [True] * len(leaves)

@@ -122,11 +122,12 @@ def make_engine(url, connect_timeout=0, statement_timeout=0, **kw):
 def _made_setting(connection, cursor, statement, *args):
     """A statement that leaves a setting on its connection past its
     transaction (``SET``, but ``SET LOCAL``, ``SET TRANSACTION`` and
-    ``SET CONSTRAINTS``; ``set_config()``), however it was run: through a
-    session, a SQL method, Zope's ``connection().execute``. Its connection
-    is closed, not pooled, once the request is done with it, so that no
-    other request, and no cached rows, see the setting; a PostgreSQL
-    reader's is reset instead (:func:`_reset_settings`)."""
+    ``SET CONSTRAINTS``; ``set_config()``; MySQL's ``USE``), however it
+    was run: through a session, a SQL method, Zope's
+    ``connection().execute``. Its connection is closed, not pooled, once
+    the request is done with it, so that no other request, and no cached
+    rows, see the setting; a PostgreSQL reader's is reset instead
+    (:func:`_reset_settings`)."""
     if leaves_setting(statement):
         if event.contains(connection.engine, 'reset', _reset_settings):
             connection.info[SETTINGS_MADE] = True
@@ -137,26 +138,25 @@ def _made_setting(connection, cursor, statement, *args):
 def leaves_setting(sql):
     """Whether ``sql`` may leave a setting on its connection past its
     transaction (see :func:`_made_setting`). Asked of every statement:
-    only those that name ``set`` are read, and the short ones' answers
-    remembered."""
-    if not _NAMES_SET.search(sql):
+    only those that name ``set`` or ``use`` are read, and the short ones'
+    answers remembered."""
+    if not _MAY_SET.search(sql):
         return False
     if len(sql) > _REMEMBERED:
         return _leaves_setting.__wrapped__(sql)
     return _leaves_setting(sql)
 
 
-_NAMES_SET = re.compile('set', re.IGNORECASE)
+_MAY_SET = re.compile(r'set|\buse\b', re.IGNORECASE)
 _REMEMBERED = 4096  # characters
 
 
 @functools.lru_cache(maxsize=1024)
 def _leaves_setting(sql):
     words = [word.lower() for word in tokens(sql)]
-    return 'set_config' in words or (
-        words[:1] == ['set']
-        and words[1:2] not in (['local'], ['transaction'], ['constraints'])
-    )
+    if words[:1] == ['set']:
+        return words[1:2] not in (['local'], ['transaction'], ['constraints'])
+    return words[:1] == ['use'] or 'set_config' in words
 
 
 #: Seconds the listener of changes waits for its database to answer, at
