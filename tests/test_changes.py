@@ -496,17 +496,17 @@ def test_a_listener_cut_off_misses_no_change_on_mariadb(mysql_url, apps):
 def test_tags_of_a_change():
     pinned = {'property': {'area', 'id'}}
     whole = {'property', 'property?'}
-    assert changes.tags_of('property', None, pinned) == whole
-    assert changes.tags_of('property', [{'id': 1}], pinned) == whole
-    assert changes.tags_of('property', [{'id': 1, 'area': None}], pinned) == {
+    assert triggers.tags_of('property', None, pinned) == whole
+    assert triggers.tags_of('property', [{'id': 1}], pinned) == whole
+    assert triggers.tags_of('property', [{'id': 1, 'area': None}], pinned) == {
         'property',
         'property.id=1',
     }
     assert (
-        changes.tags_of('property', [{'id': 1.5, 'area': 'x'}], pinned)
+        triggers.tags_of('property', [{'id': 1.5, 'area': 'x'}], pinned)
         == whole
     )
-    assert changes.tags_of('other', [{'a': 1}], pinned) == {'other'}
+    assert triggers.tags_of('other', [{'a': 1}], pinned) == {'other'}
 
 
 @pytest.mark.parametrize(
@@ -800,6 +800,40 @@ def test_a_shared_cache_is_kept_when_a_process_starts_listening(
     ]
 
 
+#: An outside job's burst of writes, a statement per change.
+BURST = 20_000
+BURSTS = {
+    'postgresql': f'DO $$ BEGIN FOR i IN 1..{BURST} LOOP '
+    'UPDATE property SET rent = i WHERE id = 4; END LOOP; END $$',
+    'mysql': f'BEGIN NOT ATOMIC FOR i IN 1..{BURST} DO '
+    'UPDATE property SET rent = i WHERE id = 4; END FOR; END',
+}
+
+
+def test_a_process_started_in_a_burst_of_writes_keeps_a_shared_cache(
+    server_url, memcached, apps
+):
+    # Each change bumped memcached's generations of its tags in turn: a
+    # burst held the listening processes up for seconds, and a process
+    # that started then was not answered within its wait. It dropped the
+    # cache of every process, in the middle of the burst.
+    settings = {**shared_settings(memcached), **LISTEN}
+    first = listening(server_url, apps, settings)
+    assert call(first, ('get', {'id': 1}))['cache']['hit'] == 0
+    listener = first.app.registry.dbtune.listener
+    cache = first.app.registry.dbtune.cache
+    notices, bumps = listener.notices, cache.invalidations
+    outside(server_url, BURSTS[server_url.split('+')[0].split(':')[0]])
+    second = apps(server_url, METHODS, settings, tables=False)
+    started = second.app.registry.dbtune.listener
+    assert started.listening.wait(10) and started.drops == 0
+    assert call(second, ('get', {'id': 1}))['cache']['hit'] == 1
+    until(lambda: listener.notices == notices + BURST)
+    # The burst's tags were bumped together, a few times in all.
+    assert cache.invalidations - bumps < BURST / 100
+    assert rows_of_get(second, 4) == [[4, 'Burley', BURST]]
+
+
 def test_a_site_started_anew_drops_what_changed_while_none_listened(
     server_url, memcached, apps, caplog
 ):
@@ -1015,13 +1049,13 @@ def test_an_own_commit_not_heard_of_in_time_drops_its_rows(
     # A listener that is slow to apply a change: the commit's own notice,
     # after it, is not heard before the commit stops waiting (else, with
     # no time to wait, a quick listener could still win the race).
-    apply = listener.apply
+    apply_all = listener.apply_all
 
-    def slow_apply(*args):
+    def slow_apply_all(changes):
         time.sleep(0.3)
-        apply(*args)
+        apply_all(changes)
 
-    monkeypatch.setattr(listener, 'apply', slow_apply)
+    monkeypatch.setattr(listener, 'apply_all', slow_apply_all)
     call(app, ('set_rent', {'id': 1, 'rent': 93}))
     assert listener.late == 1
     hits = [call(app, read)['cache']['hit'] for read in READS]

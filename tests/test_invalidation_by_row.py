@@ -21,7 +21,7 @@ from sqlalchemy.orm import (
     relationship,
 )
 
-from pyramid_dbtune.cache.changes import tags_of
+from pyramid_dbtune.cache.triggers import tags_of
 from pyramid_dbtune.routing.stored import Stores, stored_as_given, stores
 from pyramid_dbtune.routing.touched import ROWS_TOLD
 from pyramid_dbtune.sql.conditions import (

@@ -47,7 +47,6 @@ from ..deploy import forks
 from ..routing.connect import ANSWER_WITHIN, listener_engine
 from ..routing.lag import position_of
 from ..routing.stored import inexact_tables
-from ..sql.conditions import any_row, value_tag
 from ..sql.shapes import Change
 from . import shared
 from .changelog import ChangeLog, forget_old
@@ -55,10 +54,12 @@ from .triggers import (
     CHANNEL,
     MARK,
     ORIGIN,
+    PROBE,
     misnamed,
     read_notice,
     schemas_of,
     tables_to_watch,
+    tags_of,
     watched,
 )
 
@@ -75,27 +76,8 @@ OPEN_FOR = 60
 #: Seconds a commit of the app waits for the listener to apply it, at the
 #: most; then it drops what it changed itself.
 SETTLE_WITHIN = 0.5
-
-
-def tags_of(table, rows, pinned):
-    """What a change of ``table`` drops: ``rows``, the changed rows'
-    pinned columns as the trigger sent them (``None``: not told)."""
-    whole = {table, any_row(table)}
-    if rows is None:
-        return whole
-    tags = {table}
-    for row in rows:
-        for column in pinned.get(table, ()):
-            if column not in row:
-                return whole  # a trigger older than the app's pins
-            value = row[column]
-            if value is None:
-                continue  # no read pinned by equality finds NULL
-            tag = value_tag(table, column, value)
-            if tag is None:
-                return whole
-            tags.add(tag)
-    return tags
+#: PostgreSQL: notices read ahead, at the most, to apply together.
+READ_AHEAD = 1000
 
 
 # Listening
@@ -371,19 +353,45 @@ class Listener:
             heard.set()
 
     def apply(self, table, told, origin=None, xid=None):
-        """Drop (or patch) what a change of ``table`` could have changed.
-        A change from ``origin``, this listener's :attr:`origin`, that its
-        commit dropped is passed over; where the cache :attr:`applies_own`,
-        it is applied, and one that does not tell its transaction
-        (``xid``) drops what it could have changed.
-        ``told``: ``{"old": [...], "new": [...]}``, the images of the rows
-        changed, or None where they are not told. A process that asks
-        whether this one listens (:data:`.triggers.PROBE`, ``told`` its
-        token) is answered, once it does."""
-        if table == shared.PROBE:
-            if self.listening.is_set() and self._shared_origin is not None:
-                shared.answer(self.dbtune.cache, told)
-            return
+        """Drop (or patch) what a change of ``table`` could have changed. A
+        change from ``origin``, this listener's :attr:`origin`, that its commit
+        dropped is passed over; where the cache :attr:`applies_own`, it is
+        applied, and one that does not tell its transaction (``xid``) drops
+        what it could have changed. ``told``: ``{"old": [...], "new": [...]}``,
+        the images of the rows changed, or None where they are not told. A
+        process that asks whether this one listens (:data:`.triggers.PROBE`,
+        ``told`` its token) is answered, once it does."""
+        self.apply_all([(table, told, origin, xid)])
+
+    def apply_all(self, changes):
+        """:meth:`apply` each of ``changes``, its arguments, in order; but
+        with a cache that processes share, the tags they drop are bumped
+        once, after the last, and the questions answered then. A burst of
+        writes made outside (a job that updates a row per statement)
+        costs memcached a bump per tag, not per change: the listener
+        keeps up, and a process that starts meanwhile is answered."""
+        cache, bumped, count = self.dbtune.cache, set(), 0
+        questions = [told for table, told, *_ in changes if table == PROBE]
+        for table, told, *more in changes:
+            dropped = table != PROBE and self._dropped(table, told, *more)
+            if not dropped:
+                continue
+            if self._shared_origin is None:
+                cache.invalidate(*dropped)
+                self.notices += 1
+            else:  # it patches no rows: the rows' tags alone
+                bumped |= dropped[0]
+                count += 1
+        if count:
+            cache.invalidate(bumped)
+            self.notices += count
+        if self.listening.is_set() and self._shared_origin is not None:
+            for token in questions:
+                shared.answer(cache, token)
+
+    def _dropped(self, table, told, origin=None, xid=None):
+        """What :meth:`apply` drops of the change: ``(tags, changes)``,
+        None if nothing."""
         if origin is not None and origin == self.origin:
             self.own += 1
             # Its commit dropped what it could have changed; but with
@@ -395,7 +403,7 @@ class Listener:
                 router.positions or router.pins.seconds
             )
             if not (self.applies_own or pinned and self._shared_origin):
-                return
+                return None
             # Its commit left the reads with a shape to this listener: a
             # change that tells no transaction (more rows than a notice
             # tells, too big, a truncate) drops them, as any untold does.
@@ -407,27 +415,28 @@ class Listener:
             rows = [*old, *new]
             if table in self.dbtune.watched and table not in self.inexact:
                 changes = [Change(table, old, new, xid)]
-        tags = tags_of(table, rows, self.dbtune.pinned)
-        self.dbtune.cache.invalidate(tags, changes)
-        self.notices += 1
+        return tags_of(table, rows, self.dbtune.pinned), changes
 
     def _notices(self, connection):
         connection.exec_driver_sql(f'LISTEN {CHANNEL}')
         driver = connection.connection.driver_connection
         self._connected(connection)
         while not self._stopping.is_set():
-            # What came in one packet, as soon as it came (the generator
-            # holds the connection's lock until it ends); a change of
-            # another schema's table of that name reads as None.
-            notices = driver.notifies(timeout=self.every, stop_after=1)
+            # What came, as soon as it came (the generator holds the
+            # connection's lock until it ends), then what came since, up to
+            # READ_AHEAD; another schema's table of that name reads None.
+            notices = list(driver.notifies(timeout=self.every, stop_after=1))
+            while 0 < len(notices) < READ_AHEAD:
+                more = list(driver.notifies(timeout=0))
+                if not more:
+                    break
+                notices += more
             told = [read_notice(n.payload, self.schemas) for n in notices]
             told = [read for read in told if read is not None]
             self._pin(connection, [c[1] for c in told if c[0] is None])
-            for token, *change in told:
-                if token is not None:  # a commit of an app, heard of
-                    self._heard(token)
-                else:
-                    self.apply(*change)
+            self.apply_all([c[1:] for c in told if c[0] is None])
+            for token in [c[0] for c in told if c[0] is not None]:
+                self._heard(token)  # an app's commit: all before it applied
             self._check(connection)
 
     def _changes(self, connection):
@@ -448,8 +457,7 @@ class Listener:
             told.clear()
             changes.read(connection, lambda *change: told.append(change))
             self._pin(connection, [change[0] for change in told])
-            for change in told:
-                self.apply(*change)
+            self.apply_all(told)
             if self._check(connection):
                 forget_old(connection, changes.floor)
 
@@ -461,7 +469,7 @@ class Listener:
         reads, they are past the writer's position now; else they are
         pinned by time (``dbtune.pin_after_write``)."""
         router = self.dbtune.router
-        tables = None if tables is None else set(tables) - {shared.PROBE}
+        tables = None if tables is None else set(tables) - {PROBE}
         if router.replicas and (tables is None or tables):
             position = router.positions and position_of(connection)
             router.pins.heard(tables, position or None)

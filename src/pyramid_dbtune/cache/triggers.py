@@ -18,7 +18,7 @@ import hashlib
 import json
 from decimal import Decimal
 
-from ..sql.conditions import PLAIN
+from ..sql.conditions import PLAIN, any_row, value_tag
 
 #: PostgreSQL's channel, and MySQL's table of changes.
 CHANNEL = 'dbtune_changes'
@@ -330,6 +330,27 @@ def read_notice(payload, schemas):
         told = {'old': message['old'], 'new': message['new']}
     xid = message.get('x')
     return None, table, told, message.get('o'), xid and int(xid)
+
+
+def tags_of(table, rows, pinned):
+    """What a change of ``table`` drops: ``rows``, the changed rows'
+    pinned columns as the trigger sent them (``None``: not told)."""
+    whole = {table, any_row(table)}
+    if rows is None:
+        return whole
+    tags = {table}
+    for row in rows:
+        for column in pinned.get(table, ()):
+            if column not in row:
+                return whole  # a trigger older than the app's pins
+            value = row[column]
+            if value is None:
+                continue  # no read pinned by equality finds NULL
+            tag = value_tag(table, column, value)
+            if tag is None:
+                return whole
+            tags.add(tag)
+    return tags
 
 
 def watched(connection):
