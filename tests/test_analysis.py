@@ -52,6 +52,13 @@ from pyramid_dbtune.sql.analysis import (
         ('SELECT * FROM b STRAIGHT_JOIN c', {'b', 'c'}),
         ('SELECT * FROM a TABLESAMPLE BERNOULLI (10), b', {'a', 'b'}),
         ('SELECT * FROM a USE INDEX (i, j), b', {'a', 'b'}),
+        # MySQL's index hints for a part of the query, and ODBC's outer
+        # join, which MySQL reads.
+        ('SELECT * FROM a FORCE INDEX FOR ORDER BY (PRIMARY), b', {'a', 'b'}),
+        ('SELECT * FROM a IGNORE KEY FOR GROUP BY (i), b', {'a', 'b'}),
+        ('SELECT * FROM a USE INDEX FOR JOIN (i), b', {'a', 'b'}),
+        ('SELECT * FROM {oj a LEFT OUTER JOIN b ON a.x = b.x}', {'a', 'b'}),
+        ('SELECT * FROM c, { OJ a LEFT JOIN b ON 1 = 1 }', {'a', 'b', 'c'}),
         ('SELECT * FROM a, (SELECT x FROM b, c) s, d WHERE z IN '
          '(SELECT 1 FROM e, f) ORDER BY 1, 2', {*'abcdef'}),
         ('SELECT * FROM (VALUES (1, 2), (3, 4)) AS t (a, b), q', {'q'}),

@@ -216,6 +216,8 @@ class TokenReader:
         while i < len(self.words):
             while self.at(i) in ('only', 'lateral'):
                 i += 1
+            if self.at(i) == '{' and self.at(i + 1) == 'oj':
+                i += 2  # ODBC's {oj a LEFT JOIN b ON ...}, which MySQL reads
             if self.at(i) == '(':
                 # A subquery: its own FROM is read where it stands. A join
                 # in parentheses: its first table is read here, the others
@@ -285,6 +287,8 @@ def _reads(reader, top_level=False):
             calls.append(reader.lower[i - 1] if i else '')
         elif word == ')' and calls:
             calls.pop()
+        if word in _HINTED and _index_hint(reader, i):
+            continue  # MySQL's USE INDEX FOR ORDER BY (i): the FROM goes on
         while clauses and (
             depth < clauses[-1]
             or (depth == clauses[-1] and word in _FROM_ENDS)
@@ -311,6 +315,22 @@ def _reads(reader, top_level=False):
             # After a comma of a FROM clause; PostgreSQL's TABLE x.
             told = reader.table_list(i + 1, tables) and told
     return tables if told else None
+
+
+# The words of MySQL's index hints for a part of a query: USE, FORCE or
+# IGNORE INDEX (or KEY) FOR JOIN, FOR ORDER BY, FOR GROUP BY.
+_HINTED = frozenset(['for', 'join', 'order', 'group'])
+
+
+def _index_hint(reader, i):
+    """Whether the word at ``i`` is the FOR of an index hint, or the word
+    after it."""
+    at = i if reader.lower[i] == 'for' else i - 1
+    return (
+        at > 0
+        and reader.lower[at] == 'for'
+        and (reader.lower[at - 1] in ('index', 'key'))
+    )
 
 
 def _targets(reader, starts):
