@@ -13,7 +13,12 @@ import functools
 import re
 
 from . import commands
-from .readings import READINGS, pieces
+from .readings import (
+    DIALECT_READINGS,
+    EVERY_READING,
+    LITERAL_STANDARD,
+    pieces,
+)
 
 #: Tables of a read that cannot be told: any committed write invalidates it.
 ANY_TABLE = '*'
@@ -54,26 +59,6 @@ _FROM_ENDS = frozenset(
     fetch for returning set select values into update do ;""".split()
 )
 
-# Literals and comments are blanked before the text is read; what is
-# double-quoted or backquoted is kept (a name, or MySQL's string), and
-# hides what it holds (a quote, a comment's start). Databases differ in
-# what they take as a literal or a comment (a backslash, #, $$, nesting):
-# the text is read as each of them reads it and the findings joined, so
-# that none hides a table. SQLite reads as LITERAL_STANDARD does;
-# LITERAL_BACKSLASH is PostgreSQL without standard_conforming_strings.
-_COMMENT = r'--[^\n]*|/\*.*?\*/'
-LITERAL_STANDARD = re.compile(
-    rf"""(?P<literal>'(?:''|[^'])*')
-      | (?P<name>"(?:""|[^"])*"|`(?:``|[^`])*`)
-      | {_COMMENT}""",
-    re.DOTALL | re.VERBOSE,
-)
-LITERAL_BACKSLASH = re.compile(
-    rf"""(?P<literal>'(?:''|\\.|[^'\\])*')
-      | (?P<name>"(?:""|\\.|[^"\\])*"|`(?:``|[^`])*`)
-      | {_COMMENT}""",
-    re.DOTALL | re.VERBOSE,
-)
 _TOKEN = re.compile(
     r'"[^"]*"|`[^`]*`|\[[^\]]*\]'  # quoted names
     r'|(?<![:\w\\]):\w+(?!:)'  # a parameter, as SQLAlchemy's text() reads it
@@ -84,20 +69,6 @@ _TOKEN = re.compile(
 )
 
 
-#: The readings a statement's tables are told by, joined.
-_READINGS = (LITERAL_STANDARD, LITERAL_BACKSLASH, *READINGS.values())
-#: Those that apply to a database, by SQLAlchemy's name for it: a text of
-#: another, or of a database not known, is read every way.
-_DIALECT_READINGS = {
-    'postgresql': (
-        LITERAL_STANDARD,
-        LITERAL_BACKSLASH,  # without standard_conforming_strings
-        READINGS['PostgreSQL or SQLite'],
-    ),
-    'sqlite': (LITERAL_STANDARD, READINGS['PostgreSQL or SQLite']),
-    'mysql': (READINGS['MySQL'], READINGS['MySQL with NO_BACKSLASH_ESCAPES']),
-}
-_DIALECT_READINGS['mariadb'] = _DIALECT_READINGS['mysql']
 _BLANKED = {'literal': "''", 'comment': ' '}
 
 
@@ -448,7 +419,7 @@ def is_setting(sql):
     follow (:func:`.commands.is_setting`), as every database reads it."""
     return all(
         commands.is_setting([word.lower() for word in tokens(sql, literal)])
-        for literal in _READINGS
+        for literal in EVERY_READING
     )
 
 
@@ -459,7 +430,7 @@ def analyse_any(statements, dialect=None):
     readings = {
         tuple(tokens(sql, literal))
         for sql in statements
-        for literal in _DIALECT_READINGS.get(dialect, _READINGS)
+        for literal in DIALECT_READINGS.get(dialect, EVERY_READING)
     }
     found = [_analyse(list(words)) for words in readings]
     writes = any(w for w, _ in found)
@@ -484,7 +455,7 @@ def names(statements):
     for words in {
         tuple(tokens(sql, literal))
         for sql in statements
-        for literal in _READINGS
+        for literal in EVERY_READING
     }:
         _analyse(list(words), written)
     return frozenset(written)

@@ -14,8 +14,8 @@ import functools
 import re
 from dataclasses import dataclass
 
-from .analysis import LITERAL_BACKSLASH, LITERAL_STANDARD, TokenReader, tokens
-from .readings import READINGS
+from .analysis import TokenReader, tokens
+from .readings import LITERAL_BACKSLASH, LITERAL_STANDARD, READINGS
 
 #: Words that end a WHERE clause at the top level.
 _ENDS = frozenset(

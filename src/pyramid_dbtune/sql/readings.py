@@ -45,6 +45,43 @@ READINGS = {
 }
 
 
+# Literals and comments are blanked before the text is read; what is
+# double-quoted or backquoted is kept (a name, or MySQL's string), and
+# hides what it holds (a quote, a comment's start). Databases differ in
+# what they take as a literal or a comment (a backslash, #, $$, nesting):
+# the text is read as each of them reads it and the findings joined, so
+# that none hides a table. SQLite reads as LITERAL_STANDARD does;
+# LITERAL_BACKSLASH is PostgreSQL without standard_conforming_strings.
+_COMMENT = r'--[^\n]*|/\*.*?\*/'
+LITERAL_STANDARD = re.compile(
+    rf"""(?P<literal>'(?:''|[^'])*')
+      | (?P<name>"(?:""|[^"])*"|`(?:``|[^`])*`)
+      | {_COMMENT}""",
+    re.DOTALL | re.VERBOSE,
+)
+LITERAL_BACKSLASH = re.compile(
+    rf"""(?P<literal>'(?:''|\\.|[^'\\])*')
+      | (?P<name>"(?:""|\\.|[^"\\])*"|`(?:``|[^`])*`)
+      | {_COMMENT}""",
+    re.DOTALL | re.VERBOSE,
+)
+
+#: The readings a statement's tables are told by, joined.
+EVERY_READING = (LITERAL_STANDARD, LITERAL_BACKSLASH, *READINGS.values())
+#: Those that apply to a database, by SQLAlchemy's name for it: a text of
+#: another, or of a database not known, is read every way.
+DIALECT_READINGS = {
+    'postgresql': (
+        LITERAL_STANDARD,
+        LITERAL_BACKSLASH,  # without standard_conforming_strings
+        READINGS['PostgreSQL or SQLite'],
+    ),
+    'sqlite': (LITERAL_STANDARD, READINGS['PostgreSQL or SQLite']),
+    'mysql': (READINGS['MySQL'], READINGS['MySQL with NO_BACKSLASH_ESCAPES']),
+}
+DIALECT_READINGS['mariadb'] = DIALECT_READINGS['mysql']
+
+
 def readings_of(dialect):
     """The :data:`READINGS` that apply to a database of ``dialect``
     (SQLAlchemy's name for it)."""
