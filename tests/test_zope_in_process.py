@@ -289,6 +289,52 @@ def test_zsqls_strings_are_one_literal_in_every_database(server_url):
         dbtune.close()
 
 
+#: Strings a visitor may type that, were a backslash read as an escape
+#: where the server does not take it so, end the literal early.
+ESCAPING = ["\\' INTO x -- ", "\\' OR id IN (DELETE FROM x) -- "]
+
+
+@pytest.mark.parametrize('backslashes', [True, False])
+def test_a_zsql_reads_strings_are_read_as_its_server_reads_them(
+    server_url, backslashes
+):
+    # PostgreSQL with standard_conforming_strings, MySQL and MariaDB with
+    # NO_BACKSLASH_ESCAPES take a backslash as itself. A read whose string
+    # was read as if it escaped there became a write of tables unknown:
+    # it took the writer, and its commit dropped every cached result.
+    postgresql = server_url.startswith('postgresql')
+    setting = {}  # each server's own default
+    if backslashes and postgresql:
+        setting = {'options': '-c standard_conforming_strings=off'}
+    elif not backslashes and not postgresql:
+        setting = {'init_command': "SET sql_mode = 'NO_BACKSLASH_ESCAPES'"}
+    url = sa.make_url(server_url)
+    if 'options' in setting:
+        setting['options'] += ' ' + url.query['options']
+    url = url.update_query_dict(setting).render_as_string(False)
+    create_tables(url)
+    dbtune = DBTune(parse({'dbtune.url': url}))
+    database = Database(dbtune)
+    rents = 'SELECT rent FROM property WHERE id = 1'
+    try:
+        dialect = server_dialect(dbtune.router)
+        assert quote('\\', dialect) == ("'\\\\'" if backslashes else "'\\'")
+        assert database.cached_query(rents, 0, 60, 'rents')[1] == [[90]]
+        for value in [*ODD_STRINGS, *ESCAPING]:
+            literal = quote(value, dialect)
+            found = f'SELECT id FROM property WHERE area = {literal}'
+            assert database.cached_query(found, 0, 60, 'find')[1] == []
+            transaction.commit()
+        assert database.cached_query(rents, 0, 60, 'rents')[1] == [[90]]
+        assert (dbtune.cache.hits, dbtune.cache.misses) == (
+            1,
+            1 + len(ESCAPING) + len(ODD_STRINGS),
+        )
+    finally:
+        transaction.abort()
+        dbtune.close()
+
+
 def test_zope_confs_names_are_lower_cased_and_still_name_methods(sqlite_url):
     # ZConfig gives zope.conf's keys lower-cased: an override names a
     # method of the Zope side whatever its case, and Pyramid's exactly.

@@ -15,6 +15,7 @@ import re
 from . import commands
 from .readings import (
     DIALECT_READINGS,
+    ESCAPING,
     EVERY_READING,
     LITERAL_STANDARD,
     pieces,
@@ -395,10 +396,11 @@ def _analyse(words, written=None):
 
 
 @functools.lru_cache(maxsize=1024)
-def analyse(sql, dialect=None):
+def analyse(sql, dialect=None, backslashes=True):
     """Tell whether ``sql`` writes, and which tables it reads or writes,
     as the database of ``dialect`` (SQLAlchemy's name for it) reads it;
-    without one, as any database may.
+    without one, as any database may. ``backslashes=False``: its server
+    is known to take a backslash in a string as itself.
 
     Returns ``(writes, tables)``. For a read, ``tables`` is a frozenset of
     the tables it reads, holding :data:`ANY_TABLE` when they cannot be told.
@@ -409,7 +411,7 @@ def analyse(sql, dialect=None):
     changes nothing. So are ``SET``, ``NOTIFY``, ``LISTEN`` and ``LOCK``
     (:mod:`.commands`).
     """
-    return analyse_any([sql], dialect)
+    return analyse_any([sql], dialect, backslashes)
 
 
 @functools.lru_cache(maxsize=1024)
@@ -423,14 +425,17 @@ def is_setting(sql):
     )
 
 
-def analyse_any(statements, dialect=None):
+def analyse_any(statements, dialect=None, backslashes=True):
     """:func:`analyse` for a method that runs any one of ``statements``:
     a write if one of them writes, and every table they name."""
+    literals = DIALECT_READINGS.get(dialect, EVERY_READING)
+    if not backslashes:
+        literals = [literal for literal in literals if literal not in ESCAPING]
     # Most texts read alike everywhere: each distinct reading once.
     readings = {
         tuple(tokens(sql, literal))
         for sql in statements
-        for literal in DIALECT_READINGS.get(dialect, EVERY_READING)
+        for literal in literals
     }
     found = [_analyse(list(words)) for words in readings]
     writes = any(w for w, _ in found)

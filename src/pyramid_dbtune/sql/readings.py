@@ -80,6 +80,8 @@ DIALECT_READINGS = {
     'mysql': (READINGS['MySQL'], READINGS['MySQL with NO_BACKSLASH_ESCAPES']),
 }
 DIALECT_READINGS['mariadb'] = DIALECT_READINGS['mysql']
+#: The readings in which a backslash escapes a quote in a string.
+ESCAPING = frozenset([LITERAL_BACKSLASH, READINGS['MySQL']])
 
 
 def readings_of(dialect):

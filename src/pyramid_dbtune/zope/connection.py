@@ -35,7 +35,7 @@ from ..settings import parse
 from ..sql.analysis import analyse
 from ..sql.conditions import any_row, foreign_reach
 from ..sql.method import call_key
-from .quoting import quote, server_dialect
+from .quoting import quote, server_dialect, takes_backslashes
 
 #: The ``<product-config>`` section of ``zope.conf`` that holds the
 #: ``dbtune.*`` settings.
@@ -136,7 +136,7 @@ class Database:
         if len(statements) != 1 or self._work(make=False) is not None:
             return self.query(query_string, max_rows)
         (sql,) = statements
-        writes, tables = analyse(sql, self.dbtune.router.dialect)
+        writes, tables = self._analyse(sql)
         settings, override = self.dbtune.settings, self.dbtune.override
         time = override(settings.cache_times, name)
         cache_time = cache_time if time is None else time
@@ -210,8 +210,17 @@ class Database:
                 fill=fill,
             )
 
+    def _analyse(self, sql):
+        """:func:`~pyramid_dbtune.sql.analysis.analyse` ``sql`` as its
+        server reads the strings :func:`.quote` put in it: a visitor's
+        backslash does not end a string where the server takes it as
+        itself (else the read may read as a write, of any table)."""
+        router = self.dbtune.router
+        escapes = takes_backslashes(server_dialect(router))
+        return analyse(sql, router.dialect, escapes)
+
     def _run(self, sql, max_rows):
-        writes, tables = analyse(sql, self.dbtune.router.dialect)
+        writes, tables = self._analyse(sql)
         work = self._work(make=writes)
         if work is None:
             position = pin(self.dbtune.router)

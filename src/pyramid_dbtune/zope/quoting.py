@@ -13,12 +13,20 @@ def quote(value, dialect):
     quote. Zope's generic quoting doubles quotes alone, and on MySQL a
     backslash before a quote would end the string."""
     text = sql_quote(value)
+    if takes_backslashes(dialect):
+        text = text.replace('\\', '\\\\')
+    return f"'{text}'"
+
+
+def takes_backslashes(dialect):
+    """Whether the server of ``dialect`` takes a backslash in a string as
+    an escape: MySQL and MariaDB unless their ``sql_mode`` has
+    ``NO_BACKSLASH_ESCAPES``, PostgreSQL without
+    ``standard_conforming_strings``."""
     # SQLAlchemy's MySQL and PostgreSQL dialects read this from the server
     # as they first connect (MySQL's is on before that, PostgreSQL's
     # off): there is no public name for it.
-    if getattr(dialect, '_backslash_escapes', False):
-        text = text.replace('\\', '\\\\')
-    return f"'{text}'"
+    return getattr(dialect, '_backslash_escapes', False)
 
 
 def server_dialect(router):
