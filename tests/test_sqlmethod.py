@@ -239,5 +239,18 @@ def test_a_parameter_is_refused_only_where_the_database_reads_a_comment(
         'MySQL with NO_BACKSLASH_ESCAPES': {
             'path': 'MySQL with NO_BACKSLASH_ESCAPES'
         },
+        'PostgreSQL without standard_conforming_strings': {},
     }
     make_app(sqlite_url, [method])
+
+
+def test_a_parameter_after_a_string_ending_in_a_backslash_is_refused(
+    server_url, sqlite_url
+):
+    # PostgreSQL without standard_conforming_strings, as MySQL, reads
+    # 'C:\' as a string not ended: psycopg2 would put the value of :rest
+    # inside it, and "' OR true --" would run as SQL.
+    method = SQLMethod('find', "SELECT id FROM t WHERE p LIKE 'C:\\' || :rest")
+    with pytest.raises(ConfigurationError, match=r':rest stands inside a'):
+        make_app(server_url, [method])
+    make_app(sqlite_url, [method])  # which takes a backslash as itself

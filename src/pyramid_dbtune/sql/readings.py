@@ -11,14 +11,20 @@ from collections import Counter
 # escapes (unless NO_BACKSLASH_ESCAPES), # is a comment, -- needs a space
 # after it, and /*! */ is code. Each pattern names what it finds: a
 # literal, a name, a nested comment's start, MySQL's code and its end;
-# anything else it finds is a comment.
-_STANDARD_HIDDEN = re.compile(
-    r"""(?P<literal>(?<![\w$])[Ee]'(?:''|\\.|[^'\\])*'?
-        | '(?:''|[^'])*'?
+# anything else it finds is a comment. PostgreSQL without
+# standard_conforming_strings takes a backslash as an escape in '' too.
+_POSTGRESQL_HIDDEN = r"""(?P<literal>(?<![\w$])[Ee]'(?:''|\\.|[^'\\])*'?
+        | PLAIN
         | (?<![\w$])\$(?P<tag>(?:[^\W\d]\w*)?)\$.*?(?:\$(?P=tag)\$|\Z))
       | (?P<name>"(?:""|[^"])*"?)
       | --[^\n]*
-      | (?P<nested>/\*)""",
+      | (?P<nested>/\*)"""
+_STANDARD_HIDDEN = re.compile(
+    _POSTGRESQL_HIDDEN.replace('PLAIN', r"'(?:''|[^'])*'?"),
+    re.VERBOSE | re.DOTALL,
+)
+_ESCAPING_HIDDEN = re.compile(
+    _POSTGRESQL_HIDDEN.replace('PLAIN', r"'(?:''|\\.|[^'\\])*'?"),
     re.VERBOSE | re.DOTALL,
 )
 _MYSQL_CODE = r'(?P<code>/\*M?!\d*)|(?P<close>\*/)'
@@ -42,6 +48,7 @@ READINGS = {
     'PostgreSQL or SQLite': _STANDARD_HIDDEN,
     'MySQL': _MYSQL_HIDDEN,
     'MySQL with NO_BACKSLASH_ESCAPES': _MYSQL_NO_BACKSLASH_HIDDEN,
+    'PostgreSQL without standard_conforming_strings': _ESCAPING_HIDDEN,
 }
 
 
@@ -81,7 +88,7 @@ DIALECT_READINGS = {
 }
 DIALECT_READINGS['mariadb'] = DIALECT_READINGS['mysql']
 #: The readings in which a backslash escapes a quote in a string.
-ESCAPING = frozenset([LITERAL_BACKSLASH, READINGS['MySQL']])
+ESCAPING = frozenset([LITERAL_BACKSLASH, READINGS['MySQL'], _ESCAPING_HIDDEN])
 
 
 def readings_of(dialect):
@@ -89,6 +96,11 @@ def readings_of(dialect):
     (SQLAlchemy's name for it)."""
     if dialect in ('mysql', 'mariadb'):
         return ('MySQL', 'MySQL with NO_BACKSLASH_ESCAPES')
+    if dialect == 'postgresql':
+        return (
+            'PostgreSQL or SQLite',
+            'PostgreSQL without standard_conforming_strings',
+        )
     return ('PostgreSQL or SQLite',)
 
 
