@@ -118,11 +118,12 @@ def _column(position):
     of a namedtuple's field, which Python runs without a frame of its
     own (a page reads hundreds of them)."""
     global _GETTERS
-    if position >= len(_GETTERS):
-        size = max(position + 1, 2 * len(_GETTERS), 32)
+    getters = _GETTERS  # another thread may put fewer in its place
+    if position >= len(getters):
+        size = max(position + 1, 2 * len(getters), 32)
         fields = namedtuple('Fields', [f'c{n}' for n in range(size)])
-        _GETTERS = tuple(vars(fields)[f'c{n}'] for n in range(size))
-    return _GETTERS[position]
+        getters = _GETTERS = tuple(vars(fields)[f'c{n}'] for n in range(size))
+    return getters[position]
 
 
 def _record_class(items):
