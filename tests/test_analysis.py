@@ -52,6 +52,8 @@ from pyramid_dbtune.sql.analysis import (
         ('SELECT * FROM b STRAIGHT_JOIN c', {'b', 'c'}),
         ('SELECT * FROM a TABLESAMPLE BERNOULLI (10), b', {'a', 'b'}),
         ('SELECT * FROM a USE INDEX (i, j), b', {'a', 'b'}),
+        # Names that begin with a letter outside ASCII, as quoted.
+        ('SELECT * FROM ñandú, Ärger a, "表" t', {'ñandú', 'ärger', '表'}),
         # MySQL's index hints for a part of the query, and ODBC's outer
         # join, which MySQL reads.
         ('SELECT * FROM a FORCE INDEX FOR ORDER BY (PRIMARY), b', {'a', 'b'}),
@@ -126,6 +128,7 @@ def test_reads_and_their_tables(sql, tables):
     'sql, tables',
     [
         ('INSERT INTO property VALUES (1)', {'property'}),
+        ('UPDATE ñandú SET área = 1', {'ñandú'}),
         ('INSERT INTO t (a, b) SELECT x, y FROM u', {'t'}),
         ('insert ignore into t (a) values (1)', {'t'}),
         ('REPLACE INTO t VALUES (1)', {'t'}),

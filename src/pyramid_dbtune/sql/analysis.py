@@ -63,7 +63,7 @@ _FROM_ENDS = frozenset(
 _TOKEN = re.compile(
     r'"[^"]*"|`[^`]*`|\[[^\]]*\]'  # quoted names
     r'|(?<![:\w\\]):\w+(?!:)'  # a parameter, as SQLAlchemy's text() reads it
-    r'|[A-Za-z_][\w$]*'  # a name or a keyword
+    r'|[^\W\d][\w$]*'  # a name or a keyword, in any script
     r"|''"  # a blanked literal
     r'|\d[\w.]*'  # a number
     r'|\S'  # anything else, one character
