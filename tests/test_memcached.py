@@ -490,11 +490,14 @@ def test_an_old_entry_put_back_is_not_served_past_its_keeping(
     key, tables = ('k', (3,), (int,)), frozenset(['t'])
     cache.get_or_fill(key, 0.2, tables, lambda: one_row('old'))
     attacker = Client(('127.0.0.1', memcached.port), default_noreply=False)
-    saved = attacker.get_many(cache.hit_keys(key, tables))
-    assert len(saved) == 3
-    cache.invalidate(tables)  # a write
-    time.sleep(1.1)  # memcached has dropped the entry
-    attacker.set_many(saved, expire=60)
+    try:
+        saved = attacker.get_many(cache.hit_keys(key, tables))
+        assert len(saved) == 3
+        cache.invalidate(tables)  # a write
+        time.sleep(1.1)  # memcached has dropped the entry
+        attacker.set_many(saved, expire=60)
+    finally:
+        attacker.close()
     release, filling = slow_fill_elsewhere(
         sqlite_url, memcached, apps, key, 0.2, one_row('elsewhere')
     )
@@ -504,7 +507,6 @@ def test_an_old_entry_put_back_is_not_served_past_its_keeping(
     finally:
         release.set()
         filling.join(10)
-    attacker.close()
 
 
 def test_an_entry_is_kept_as_long_again_past_its_time():
