@@ -5,6 +5,7 @@ import contextlib
 import gc
 import json
 import os
+import signal
 import socket
 import subprocess
 import sys
@@ -594,6 +595,48 @@ def test_a_process_carries_from_its_start_serving_or_not(
     carrier.carry_at_exit()
     assert misses() == 2
     dbtune.close()
+
+
+def test_a_fork_while_requests_are_counted_returns(
+    sqlite_url, multiprocess_mode
+):
+    # In multiprocess mode prometheus_client guards every value of the
+    # process with one lock. A child forked while a request's thread held
+    # it (multiprocessing, from a view of a busy worker) made its metrics
+    # anew in os.fork, on that lock held for good: it never started.
+    app = make_app(sqlite_url, [SEARCH], ON)
+    stop = threading.Event()
+
+    def serve():  # as busy as a worker's threads may be
+        request = Request.blank('/').environ
+        while not stop.is_set():
+            b''.join(app.app(dict(request), lambda *a: None))
+
+    servers = [threading.Thread(target=serve) for _ in range(3)]
+    for server in servers:
+        server.start()
+    hung = 0
+    try:
+        for _ in range(20):
+            pid = os.fork()
+            if pid == 0:
+                os._exit(0)  # as soon as os.fork returns here
+            deadline = time.monotonic() + 5
+            while not os.waitpid(pid, os.WNOHANG)[0]:
+                if time.monotonic() > deadline:
+                    hung += 1
+                    os.kill(pid, signal.SIGKILL)
+                    os.waitpid(pid, 0)
+                    break
+                time.sleep(0.001)
+            if hung:
+                break
+    finally:
+        stop.set()
+        for server in servers:
+            server.join()
+        app.app.registry.dbtune.close()
+    assert hung == 0
 
 
 def test_a_forked_process_counts_only_what_it_did(sqlite_url, apps):

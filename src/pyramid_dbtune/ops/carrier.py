@@ -9,7 +9,6 @@ them once more when it exits, so that a worker that is recycled
 
 import atexit
 import logging
-import os
 import threading
 import time
 import weakref
@@ -21,10 +20,6 @@ log = logging.getLogger(__name__)
 #: Every :class:`~.stats.Stats` whose figures are carried in this process
 #: (a forked child's, renewed, among them).
 _carried = weakref.WeakSet()
-#: Held by a carrier thread while it carries, and around each fork: a child
-#: forked in the middle of a carry would find prometheus_client's lock (one
-#: for every metric) held for ever, and hang at its first count.
-_forking = threading.Lock()
 
 
 def start(stats, every):
@@ -48,9 +43,7 @@ def _carry_every(ref, every):
         stats = ref()
         if stats is None:
             return  # its app is gone
-        with _forking:
-            carried = _carry(stats, quiet=failing)
-        failing = not carried
+        failing = not _carry(stats, quiet=failing)
         del stats
         time.sleep(every)
 
@@ -77,8 +70,3 @@ def carry_at_exit():
 
 
 atexit.register(carry_at_exit)
-os.register_at_fork(
-    before=_forking.acquire,
-    after_in_parent=_forking.release,
-    after_in_child=_forking.release,
-)

@@ -5,8 +5,22 @@ One histogram of latencies and a few counters per route, the process's
 and the cache's and router's counters, in a registry of the application's.
 """
 
+import os
+import threading
 from collections import deque
 from time import monotonic
+
+#: Held by whoever reads or writes this process's metrics (a request
+#: counted, a carry), and around each fork. In multiprocess mode
+#: prometheus_client guards every value of the process with one lock: a
+#: child forked while another thread held it would find it held for good,
+#: and hang in ``os.fork`` as it makes its metrics anew.
+updating = threading.RLock()
+os.register_at_fork(
+    before=updating.acquire,
+    after_in_parent=updating.release,
+    after_in_child=updating.release,
+)
 
 BUCKETS = (
     0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05,
@@ -147,12 +161,13 @@ def make_metrics(registry):
 def samples(*metrics):
     """``{(sample name, labels): value}`` of ``metrics``, this process's
     (in multiprocess mode too: a metric reads its own process's values)."""
-    return {
-        (sample.name, tuple(sorted(sample.labels.items()))): sample.value
-        for metric in metrics
-        for family in metric.collect()
-        for sample in family.samples
-    }
+    with updating:
+        return {
+            (sample.name, tuple(sorted(sample.labels.items()))): sample.value
+            for metric in metrics
+            for family in metric.collect()
+            for sample in family.samples
+        }
 
 
 def cache_counters(cache):

@@ -62,6 +62,7 @@ from .metrics import (
     make_metrics,
     method_figures,
     samples,
+    updating,
 )
 
 __all__ = ['BUCKETS', 'CPU_EVERY', 'RECENT', 'Stats']
@@ -139,7 +140,7 @@ class Stats:
         (with several processes, prometheus_client adds them all up).
         With ``PROMETHEUS_MULTIPROC_DIR``, starts the child's carrier
         thread: it counts from now, whether it serves or not."""
-        with self._carrying:
+        with self._carrying, updating:
             self._carry_all(self._carried.__setitem__)
         if self.multiprocess_dir is not None:
             carrier.start(self, TICK)
@@ -150,7 +151,8 @@ class Stats:
 
         with self._lock:
             self.registry = CollectorRegistry(auto_describe=True)
-            self.metrics = make_metrics(self.registry)
+            with updating:
+                self.metrics = make_metrics(self.registry)
             #: route name -> :class:`Route` (``None``: not counted)
             self.routes = {}
             self.peak_in_flight = 0
@@ -186,11 +188,12 @@ class Stats:
             except KeyError:
                 route = self._new_route(name)
             if route is not None:
-                route.duration.observe(seconds)
+                with updating:
+                    route.duration.observe(seconds)
+                    if response is None or response.status[0] == '5':
+                        route.errors.inc()
                 route.recent.append(seconds)
                 self.window.append(seconds)
-                if response is None or response.status[0] == '5':
-                    route.errors.inc()
                 context = state.get('dbtune')
                 if context is not None and (
                     context.queries or context.db_seconds  # a flush: no query
@@ -217,7 +220,8 @@ class Stats:
                 name = OTHER_ROUTES
             route = self.routes.get(name)
             if route is None:
-                route = self.routes[name] = Route(self.metrics, name)
+                with updating:
+                    route = self.routes[name] = Route(self.metrics, name)
             return route
 
     def _measured(self, seconds, cpu_start, context):
@@ -226,10 +230,12 @@ class Stats:
         if context is not None:
             waited = context.db_seconds + context.unit.write_wait
         measured = self.metrics['measured']
-        measured.labels(kind='wall').inc(seconds)
-        measured.labels(kind='cpu').inc(cpu)
-        measured.labels(kind='runnable').inc(max(0.0, seconds - cpu - waited))
-        self.metrics['measured_requests'].inc()
+        with updating:
+            measured.labels(kind='wall').inc(seconds)
+            measured.labels(kind='cpu').inc(cpu)
+            runnable = max(0.0, seconds - cpu - waited)
+            measured.labels(kind='runnable').inc(runnable)
+            self.metrics['measured_requests'].inc()
 
     def _note_peak(self):
         """More requests run than the peak so far (the operator's views
@@ -238,7 +244,8 @@ class Stats:
         with self._lock:  # another thread may set a higher one meanwhile
             if running > self.peak_in_flight:
                 self.peak_in_flight = running
-                self.metrics['peak'].set(running)
+                with updating:
+                    self.metrics['peak'].set(running)
 
     def tick(self, now):
         """Carry the counters into the metrics, and close the chart's
@@ -290,7 +297,7 @@ class Stats:
     def carry(self):
         """Bring the metrics up to date with what the cache and the router
         count, the pools, the requests in flight and the process's CPU."""
-        with self._carrying:
+        with self._carrying, updating:
             self._carry_all()
 
     def _carry_all(self, carry=None):
