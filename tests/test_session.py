@@ -13,7 +13,7 @@ from pyramid_dbtune import WriteInReadError
 from pyramid_dbtune.routing.connect import leaves_setting
 from pyramid_dbtune.routing.errors import is_read_only_refusal
 
-from conftest import Property, query_log, run_sql
+from conftest import Property, query_log, rent_on, run_sql
 
 RENTS = {
     'name': 'rents',
@@ -303,6 +303,32 @@ def test_another_database_used_leaves_with_its_connection(
     default = app.get('/view').json
     assert app.get('/view', {'use': '1'}).json == 'dbtune_other'
     assert [app.get('/view').json for _ in range(3)] == [default] * 3
+
+
+@pytest.mark.parametrize('replicas', [False, True])
+def test_a_reader_lost_before_the_first_write_does_not_fail_it(
+    postgresql_url, apps, replicas
+):
+    # The first write lets go of the session's reader connection, rolling
+    # its transaction back. One that had died meanwhile (a replica
+    # restarted, a network cut) failed the write, the writer well: a 500,
+    # or with pyramid_retry the whole request run again.
+    def view(request):
+        session = request.dbsession
+        row = session.get(Property, 1)  # held: not read again
+        reader = session.connection().exec_driver_sql(
+            'SELECT pg_backend_pid()'
+        )
+        lost = f'SELECT pg_terminate_backend({reader.scalar()})'
+        run_sql(postgresql_url, lost)
+        row.rent = 5
+        session.flush()
+        return 'written'
+
+    settings = {'dbtune.read_urls': postgresql_url} if replicas else {}
+    app = view_app(apps, postgresql_url, view, settings=settings)
+    assert app.get('/view').json == 'written'
+    assert rent_on(postgresql_url) == 5
 
 
 def test_which_statements_leave_a_setting_on_their_connection():

@@ -22,6 +22,7 @@ from functools import partial
 from time import perf_counter
 
 import transaction.interfaces
+from sqlalchemy.exc import DBAPIError
 from zope.sqlalchemy import mark_changed, register
 
 from ..sql.conditions import any_row, foreign_reach
@@ -66,17 +67,13 @@ class UnitOfWork:
         self._session = self._reader = None
         #: The transaction it serves, once it serves one.
         self._txn = None
-        self._tables = set()
-        self._tags = set()
-        self._changes = []
-        self._unimaged = set()
+        self._tables, self._tags = set(), set()
+        self._changes, self._unimaged = [], set()
         self._told = None
-        self._all_tables = False
-        self._committed_writes = False
+        self._all_tables = self._committed_writes = False
         #: The tables whose changes the listener applies, and the token
         #: this commit waits for (:meth:`Listener.expect`).
-        self._later = frozenset()
-        self._token = None
+        self._later, self._token = frozenset(), None
         self._read_pin(request)
 
     def _read_pin(self, request):
@@ -300,11 +297,11 @@ class UnitOfWork:
     def _let_go_of_the_reader(self):
         # From the first write on, the session works on the writer. Its
         # reader connection is rolled back and returned now, so that it is
-        # neither held nor committed with the writer's transaction.
-        # SQLAlchemy has no public way to drop one bind of a session's
-        # transaction, hence its private table of connections, which each
-        # savepoint (begin_nested) under way has one of: the innermost's
-        # first, its savepoint rolled back, the root's transaction last.
+        # neither held nor committed with the writer's transaction (one
+        # lost meanwhile had nothing to keep). SQLAlchemy has no public
+        # way to drop one bind of a session's transaction, hence its
+        # private table of connections, which each savepoint under way has
+        # one of: the innermost's first, the root's transaction last.
         session = self._session
         if session is None:
             return
@@ -317,7 +314,10 @@ class UnitOfWork:
                 if entry is not None:
                     connection, reading = entry[0], entry[1]
                     connections.pop(connection, None)
-                    reading.rollback()
+                    try:
+                        reading.rollback()
+                    except DBAPIError:
+                        connection.invalidate()
                     held[id(connection)] = connection
             txn = txn.parent
         for connection in held.values():
