@@ -306,9 +306,12 @@ class QueryLog:
         self.statements = []
         self.engines = []
         self._lock = threading.Lock()
-        for name, engine in [('writer', router.writer)] + [
+        engines = [('writer', router.writer)] + [
             (f'reader{i}', r.engine) for i, r in enumerate(router.readers)
-        ]:
+        ]
+        if router.replicas:  # the writer's database, read-only
+            engines.append(('writer', router.read_only_writer))
+        for name, engine in engines:
             sa.event.listen(
                 engine,
                 'before_cursor_execute',

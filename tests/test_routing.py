@@ -1055,7 +1055,8 @@ def test_the_next_request_in_a_transaction_left_open_has_its_own_pin(
 
     def parent(request):
         session = request.dbsession
-        on_writer = session.bind is request.dbtune.unit.router.writer
+        router = request.dbtune.unit.router  # the writer's database:
+        on_writer = session.bind in (router.writer, router.read_only_writer)
         seen.append((weakref.ref(request), request.dbtune.unit.pinned))
         seen.append(on_writer)
         count = sa.text('SELECT count(*) FROM property')

@@ -331,6 +331,40 @@ def test_a_reader_lost_before_the_first_write_does_not_fail_it(
     assert rent_on(postgresql_url) == 5
 
 
+def test_a_pinned_clients_session_reads_read_only_on_the_writer(
+    postgresql_url, apps
+):
+    # Pinned after its write, a client's session reads on the writer's
+    # database: read-only there too until it writes, so that a write it
+    # cannot tell (a function that writes) fails loudly, as on a reader.
+    # It ran, and was rolled back unseen at commit: the view answered 200.
+    def view(request):
+        session = request.dbsession
+        if request.params.get('write'):
+            session.get(Property, 4).rent = 75
+            session.flush()
+            return 'wrote'
+        return session.scalar(sa.text('SELECT bump()'))
+
+    settings = {
+        'dbtune.read_urls': postgresql_url,
+        'dbtune.pin_after_write': '30',
+        'dbtune.causal_reads': 'false',
+    }
+    app = view_app(apps, postgresql_url, view, settings=settings)
+    run_sql(
+        postgresql_url,
+        'CREATE FUNCTION bump() RETURNS int LANGUAGE sql AS '
+        "'UPDATE property SET rent = rent + 1 WHERE id = 1 RETURNING 1'",
+    )
+    with pytest.raises(WriteInReadError):
+        app.get('/view')  # on the reader
+    assert app.get('/view', {'write': '1'}).json == 'wrote'  # pinned now
+    with pytest.raises(WriteInReadError):
+        app.get('/view')  # on the writer, read-only
+    assert rent_on(postgresql_url) == 90
+
+
 def test_which_statements_leave_a_setting_on_their_connection():
     leaves = [
         'SET search_path TO tenant',

@@ -110,6 +110,16 @@ class Router:
             )
         self._turn = itertools.count()
         self.replicas = settings.read_urls is not None
+        #: The writer's database for a session's reads that no reader
+        #: serves (a pinned client's, or all readers down): read-only as
+        #: a reader is, until the session writes.
+        self.read_only_writer = self.readers[0].engine
+        if self.replicas:
+            self.read_only_writer = make_engine(
+                settings.url, *timeouts, pool_size=settings.read_pool_size,
+                pool_pre_ping=True,
+            )  # fmt: skip
+            make_read_only(self.read_only_writer)
         self.dialect = self.writer.dialect.name
         self._read_only, self._writable = READ_ONLY_STATEMENTS.get(
             self.dialect, (None, None)
@@ -167,7 +177,11 @@ class Router:
         self._reset_locks()
 
     def engines(self):
-        return [self.writer] + [r.engine for r in self.readers]
+        return list(dict.fromkeys([self.writer, *self.reading_engines()]))
+
+    def reading_engines(self):
+        """The engines a session may read on before it writes."""
+        return [*(r.engine for r in self.readers), self.read_only_writer]
 
     def dispose(self):
         if self.lag_watch is not None:
@@ -398,9 +412,9 @@ class Router:
 
     def reader_engine(self, position=NO_POSITION):
         """An engine for a session's reads: the least busy reader that is
-        up (and has replayed ``position``), or the writer."""
+        up (and has replayed ``position``), or :attr:`read_only_writer`."""
         reader = self.pick(count=False, position=position)
-        return self.writer if reader is None else reader.engine
+        return self.read_only_writer if reader is None else reader.engine
 
     # Replica lag
 

@@ -231,22 +231,22 @@ class UnitOfWork:
         # Its bind before any unit routed it (a subrequest in the same
         # transaction adopts it again).
         session.info.setdefault(OWN_BIND, session.bind)
+        router = self.router
         self._reader = (
-            self.router.writer
-            if self.pinned
-            else self.router.reader_engine(self.position)
-        )
+            router.read_only_writer if self.pinned
+            else router.reader_engine(self.position)
+        )  # fmt: skip
         session.info[UNIT] = self
         if not self.stays:
             session.bind = self._engine()
         return session
 
     def _engine(self):
-        # A session's engine: the writer once its transaction has written,
-        # or while the client is pinned, else its reader.
-        return (
-            self.router.writer if self.dirty or self.pinned else self._reader
-        )
+        # The writer once its transaction has written; else, read-only,
+        # the writer's database while the client is pinned, or its reader.
+        if self.dirty:
+            return self.router.writer
+        return self.router.read_only_writer if self.pinned else self._reader
 
     def flush(self):
         """Flush the session's pending changes, as an ORM query would,
@@ -309,8 +309,8 @@ class UnitOfWork:
         held = {}
         while txn is not None:
             connections = getattr(txn, '_connections', None) or {}
-            for reader in self.router.readers:
-                entry = connections.pop(reader.engine, None)
+            for engine in self.router.reading_engines():
+                entry = connections.pop(engine, None)
                 if entry is not None:
                     connection, reading = entry[0], entry[1]
                     connections.pop(connection, None)
