@@ -258,6 +258,34 @@ def test_time_before_the_route_is_matched_is_the_routes(apps, sqlite_url):
         app.app.registry.dbtune.close()
 
 
+def test_a_running_request_of_no_route_is_filed_as_it_runs(sqlite_url):
+    # With no route (traversal, as a Zope-style site has), a request's
+    # samples waited for its end, one kept per sample: a long request
+    # showed nothing while it ran, and held more the longer it ran. They
+    # are filed once the router has found its context.
+    release = threading.Event()
+
+    def long_view(request):
+        release.wait(30)
+        return {}
+
+    settings = {'dbtune.url': sqlite_url, **ON}
+    with Configurator(settings=settings, root_factory=lambda _: {}) as config:
+        config.include('pyramid_dbtune')
+        config.add_view(long_view, renderer='json')
+        app = TestApp(config.make_wsgi_app())
+    sampler = app.app.registry.dbtune.profiler
+    running = threading.Thread(target=app.get, args=('/',))
+    running.start()
+    try:
+        wait_until(lambda: stats.NO_ROUTE in sampler.stacks)
+        assert running.is_alive()
+    finally:
+        release.set()
+        running.join()
+        app.app.registry.dbtune.close()
+
+
 def wait_until(condition):
     deadline = time.monotonic() + 10
     while not condition():

@@ -138,9 +138,10 @@ class Profiler:
 
         The timing tween is outermost: the other tweens run before the
         router matches a route. A request's stacks from then wait, and are
-        counted under its route once it has one, or once it has ended
-        (under :data:`~pyramid_dbtune.ops.stats.NO_ROUTE` if it matched
-        none), at a later sample."""
+        counted under its route once it has one, or once the router has
+        found its context or it has ended (under
+        :data:`~pyramid_dbtune.ops.stats.NO_ROUTE` if it matched none), at
+        a later sample."""
         frames = sys._current_frames()
         taken, unrouted = [], []
         for ident, request in list(self.active.items()):
@@ -152,7 +153,8 @@ class Profiler:
                 stack.append(frame.f_code)
                 frame = frame.f_back
             stack.reverse()
-            if 'matched_route' in request.__dict__:
+            state = request.__dict__  # the router has matched or found
+            if 'matched_route' in state or 'context' in state:
                 taken.append((route_name(request), tuple(stack), weight))
             else:
                 unrouted.append((request, tuple(stack)))
