@@ -709,6 +709,24 @@ def test_oracle_urls_compile_sql_methods():
         assert sa.engine.make_url(url).get_dialect().name == 'oracle'
 
 
+def test_pins_signed_with_a_url_without_a_password_are_said_to_be(
+    postgresql_url, apps, caplog
+):
+    # Pins are signed with dbtune.pin_secret, else with a key drawn from
+    # the URL: one without a password is no secret.
+    replicas = {'dbtune.read_urls': postgresql_url}
+    apps(postgresql_url, [], replicas)
+    assert 'dbtune.pin_secret is not set' in caplog.text
+    caplog.clear()
+    secret = {'dbtune.pin_secret': 'a-secret-of-16-chars-or-more'}
+    apps(postgresql_url, [], {**replicas, **secret}, tables=False)
+    url = sa.make_url(postgresql_url).set(password='secret')
+    url = url.render_as_string(hide_password=False)
+    apps(url, [], replicas, tables=False)
+    apps(postgresql_url, [], tables=False)  # no replicas: no pins
+    assert 'pin_secret' not in caplog.text
+
+
 def test_pin_window_ends(sqlite_url, apps, monkeypatch):
     import pyramid_dbtune.routing.pins as pins
 

@@ -148,8 +148,16 @@ class Router:
         #: PostgreSQL: cache fills tell the snapshot they read in (set
         #: where the cache applies changes to the rows it holds).
         self.snapshots = False
-        #: What causal pins are signed with.
+        #: What pins are signed with.
         self.pin_key = pin_key(settings)
+        unsigned = make_url(settings.url).password is None
+        if self.replicas and not settings.pin_secret and unsigned:
+            log.warning(
+                'pyramid_dbtune: dbtune.pin_secret is not set, and the '
+                'database URL has no password to sign pins with: whoever '
+                'knows the URL can make a pin cookie, and send their reads '
+                'to the writer; set dbtune.pin_secret'
+            )
         self.lag_watch = (
             LagWatch(self.readers, self.positions)
             if self.replicas and (settings.max_replica_lag or self.positions)
