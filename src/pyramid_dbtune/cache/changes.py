@@ -422,12 +422,12 @@ class Listener:
         driver = connection.connection.driver_connection
         self._connected(connection)
         while not self._stopping.is_set():
-            # What came, as soon as it came (the generator holds the
-            # connection's lock until it ends), then what came since, up to
-            # READ_AHEAD; another schema's table of that name reads None.
+            # What came, once it came (the generator holds the connection's
+            # lock till it ends), then what came since, up to READ_AHEAD.
             notices = list(driver.notifies(timeout=self.every, stop_after=1))
             while 0 < len(notices) < READ_AHEAD:
-                more = list(driver.notifies(timeout=0))
+                room = READ_AHEAD - len(notices)
+                more = list(driver.notifies(timeout=0, stop_after=room))
                 if not more:
                     break
                 notices += more

@@ -365,7 +365,8 @@ class Router:
     def _reader_error(self, reader, context):
         """``handle_error`` on a reader: one that cannot be reached is
         taken out, and the error made retryable, so that pyramid_retry
-        runs a session's read again, on the writer."""
+        runs a session's read again, on another reader or the writer's
+        database (:attr:`read_only_writer`)."""
         error = context.sqlalchemy_exception
         # A driver's error on connecting, or a lost connection: the reader
         # is out. Anything else is the statement's, or the program's.
