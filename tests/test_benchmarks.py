@@ -66,6 +66,11 @@ def test_bench_memcached():
     assert 'ours / raw get = ' in run('bench_memcached.py')
 
 
+def test_bench_listener():
+    out = run('bench_listener.py')
+    assert 'one row, again and again' in out and 'every row, once' in out
+
+
 def test_bench_overhead():
     out = run('bench_overhead.py')
     for name in ('server_timing', 'stats + server_timing', 'profiler on'):
