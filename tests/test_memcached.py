@@ -3,6 +3,7 @@ processes sharing them, servers killed and restarted mid-load."""
 
 import datetime
 import decimal
+import functools
 import json
 import logging
 import subprocess
@@ -655,6 +656,31 @@ def test_deep_check_reports_memcached_down(sqlite_url, memcached):
     assert app.get('/h').body == b'OK\n'
     memcached.stop()
     assert app.get('/h', status=503).body.startswith(b'cache unavailable')
+    pyramid_app.registry.dbtune.router.dispose()
+
+
+def test_deep_check_names_memcached_when_it_hangs(sqlite_url, silent_server):
+    from webtest import TestApp
+
+    from pyramid_dbtune.fastpath import deep_check, wrap
+
+    config = Configurator(
+        settings={
+            'dbtune.url': sqlite_url,
+            'dbtune.cache.backend': 'memcached',
+            'dbtune.cache.servers': f'127.0.0.1:{silent_server}',
+            'dbtune.cache.secret': SECRET,
+            'dbtune.cache.timeout': '5',
+        }
+    )
+    config.include('pyramid_dbtune')
+    pyramid_app = config.make_wsgi_app()
+    quick = functools.partial(deep_check, timeout=0.2, reuse=0)
+    app = TestApp(wrap(pyramid_app, {'/h': quick}))
+    # The database answers; memcached takes the connection and says nothing.
+    assert app.get('/h', status=503).body == (
+        b'cache did not answer within 0.2 s\n'
+    )
     pyramid_app.registry.dbtune.router.dispose()
 
 

@@ -71,7 +71,7 @@ def _ping(dbtune, health, future):
         if dbtune.router is not None:
             _select_one(dbtune.router.writer)
         # A shared cache is pinged too; the in-process one cannot be down.
-        what = 'cache'
+        what = future.pinging = 'cache'
         ping = getattr(dbtune.cache, 'ping', None)
         if ping is not None:
             ping()
@@ -105,6 +105,9 @@ def _select_one(engine):
 def _start_ping(dbtune, health, now):
     """Start a ping; the caller holds ``health.lock``."""
     future = Future()
+    # What is being pinged: a check that gives up waiting names the server
+    # that hangs.
+    future.pinging = 'database'
     threading.Thread(
         target=_ping,
         args=(dbtune, health, future),
@@ -150,7 +153,7 @@ def deep_check(environ, timeout=1.0, reuse=1.0):
     except FutureTimeout:
         status, reason = (
             '503 Service Unavailable',
-            f'database did not answer within {timeout:g} s',
+            f'{future.pinging} did not answer within {timeout:g} s',
         )
     answer = _text(status, reason)
     with health.lock:
