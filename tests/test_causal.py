@@ -194,6 +194,23 @@ def test_a_replica_behind_at_the_last_look_is_asked_on_the_read(
     assert reader.reads == reads + 1 and covers(reader, pin)
 
 
+def test_a_read_that_waits_for_a_replay_is_no_failover(replicated, apps):
+    # The replica is up and near; it has not replayed the client's write
+    # yet, so the writer serves the read. No reader is down or behind.
+    primary, standby = replicated
+    settings = {'dbtune.read_urls': standby.url}
+    app = apps(primary.url, [NOW, SET_RENT], settings, tables=False)
+    router = app.app.registry.dbtune.router
+    (reader,) = router.readers
+    until(lambda: covers(reader, router.position()))
+    on_writer = router.writer_reads
+    for value in range(600, 610):
+        call(app, ('set_rent', {'id': 1, 'rent': value}))
+        assert rent(call(app, ('get', {'id': 1}))) == value
+    assert router.writer_reads > on_writer
+    assert (router.failovers, router.behind) == (0, 0)
+
+
 def test_a_pinned_client_is_not_served_rows_read_before_its_pin(
     replicated, apps
 ):

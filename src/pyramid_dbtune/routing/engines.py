@@ -66,7 +66,8 @@ class Router:
     """The engines: one writer, one or more readers; the write slots.
 
     ``failovers`` counts the reads that went to the writer because their
-    reader was down; ``write_waits`` and ``write_wait_seconds`` count the
+    reader was down or behind (not those that wait for a replay of their
+    causal pin); ``write_waits`` and ``write_wait_seconds`` count the
     writes that had to wait for a slot, and how long they waited.
     ``writer_reads`` counts the reads run on the writer outside a write
     transaction, ``write_transactions`` the transactions that took a
@@ -208,18 +209,17 @@ class Router:
         bound = self.settings.max_replica_lag or float('inf')
         with self._lock:
             up = [r for r in self.readers if r.down_until <= now]
-            near = [
-                r
-                for r in up
-                if (r.lag is None or r.lag <= bound)
-                and (
-                    not position
-                    or (r.position is not None and r.position.covers(position))
-                )
-            ]
-            if len(near) < len(up) and not near:
+            near = [r for r in up if r.lag is None or r.lag <= bound]
+            # A causal read passed over is asked again (_replayed_now),
+            # which counts it: once, and not when a replay is all it waits.
+            if up and not near and not position:
                 self.behind += count
-            up = near
+            up = [
+                r
+                for r in near
+                if not position
+                or (r.position is not None and r.position.covers(position))
+            ]
             if not up:
                 return None
             # Ties go round: the rotation starts each pick elsewhere.
@@ -251,10 +251,11 @@ class Router:
         if fill:
             position |= self.pins.position(tables)
         reader = None if writer else self.pick(position=position)
+        replaying = False
         if reader is None and position and not writer:
-            reader = self._replayed_now(position)
+            reader, replaying = self._replayed_now(position)
         if reader is None:
-            if not writer:
+            if not writer and not replaying:
                 self.failovers += 1
             return self._read_on(
                 self.writer, statement, params, max_rows, fill
@@ -289,24 +290,29 @@ class Router:
 
     def _replayed_now(self, position):
         """The least busy reader up and near, if it has replayed
-        ``position`` by now (asked: it had not when last seen); else
-        None. One short query on a replica, for a read that the writer
-        would serve else."""
+        ``position`` by now (asked: it had not when last seen), else None;
+        and whether one up and near is still replaying (the writer serves
+        the read then, which is no failover). One short query on a
+        replica, for a read that the writer would serve else."""
         reader = self.pick()
-        if reader is not None and not self._asked(reader, position):
+        if reader is None:
+            return None, False
+        replayed = self._asked(reader, position)
+        if not replayed:
             with self._lock:
                 reader.in_flight -= 1
                 reader.reads -= 1
-            reader = None
-        return reader
+            return None, replayed is False
+        return reader, False
 
     def _asked(self, reader, position):
-        """Whether ``reader`` has replayed ``position``, asked now."""
+        """Whether ``reader`` has replayed ``position``, asked now; None
+        if it could not be asked."""
         try:
             with reader.engine.connect() as connection:
                 seen = position_of(connection) or NO_POSITION
         except DBAPIError:
-            return False  # a read's own failover rules will tell
+            return None  # a read's own failover rules will tell
         with self._lock:
             reader.position = seen | (reader.position or NO_POSITION)
         return seen.covers(position)
