@@ -1583,6 +1583,35 @@ def test_a_time_limit_the_url_names_is_a_number():
     )
 
 
+def test_a_driver_given_no_time_limit_is_named_at_start_up(caplog):
+    # pg8000 is told of neither bound; psycopg, the reader's, of both.
+    url = sa.engine.make_url(POSTGRESQL_URL).set(
+        drivername='postgresql+pg8000'
+    )
+    settings = {
+        'dbtune.url': url.render_as_string(hide_password=False),
+        'dbtune.read_urls': POSTGRESQL_URL,
+        'dbtune.pin_secret': 'a pin secret for this test',
+    }
+    with caplog.at_level(logging.WARNING, 'pyramid_dbtune'):
+        config = Configurator(settings=settings)
+        config.include('pyramid_dbtune')
+        config.commit()
+    router = config.registry.dbtune.router
+    try:
+        with router.writer.connect() as connection:
+            assert connection.exec_driver_sql('SELECT 1').scalar() == 1
+    finally:
+        config.registry.dbtune.close()
+    shown = url.render_as_string(hide_password=True)
+    assert [r.getMessage() for r in caplog.records] == [
+        f'pyramid_dbtune: the driver of {shown} is not given '
+        'dbtune.connect_timeout and dbtune.statement_timeout; a server '
+        'that hangs holds a request until it answers: set the '
+        "driver's own bound in the URL"
+    ]
+
+
 def test_a_write_waiting_for_a_lock_gives_up_retryably(mysql_url, apps):
     # dbtune.statement_timeout bounds how long PyMySQL waits for an
     # answer; InnoDB's wait for a row lock ends first, with its error 1205,

@@ -103,7 +103,8 @@ TABLE = (
         "(``read_timeout``, which also bounds the wait for a server's "
         "greeting), and InnoDB's wait for a row lock ends a second before "
         '(``innodb_lock_wait_timeout``, its error retryable). A bound the '
-        'URL names wins.')),
+        'URL names wins. Other drivers are given neither bound: each '
+        'process names them in its log at start-up.')),
     Setting('pin_after_write', pin_seconds, 0, doc=(
         'With ``dbtune.read_urls``: seconds a client that wrote reads from '
         'the writer (a ``dbtune_pin`` cookie), and that reads of the tables '

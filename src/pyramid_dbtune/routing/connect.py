@@ -109,6 +109,27 @@ def connect_args(url, connect_timeout, statement_timeout=0):
     return args
 
 
+#: The drivers :func:`connect_args` bounds statements for.
+_STATEMENT_TIMEOUT = ('pymysql', 'psycopg', 'psycopg2')
+
+
+def unbounded(url, connect_timeout, statement_timeout):
+    """The settings of the two bounds that the driver of ``url`` is not
+    given (SQLite needs neither: no server to wait on)."""
+    url = make_url(url)
+    driver = url.get_driver_name()
+    if url.get_backend_name() == 'sqlite':
+        return []
+    return [
+        f'dbtune.{name}'
+        for name, bound, drivers in (
+            ('connect_timeout', connect_timeout, _CONNECT_TIMEOUT),
+            ('statement_timeout', statement_timeout, _STATEMENT_TIMEOUT),
+        )
+        if bound and driver not in drivers
+    ]
+
+
 def make_engine(url, connect_timeout=0, statement_timeout=0, **kw):
     args = connect_args(url, connect_timeout, statement_timeout)
     if args:

@@ -19,7 +19,13 @@ from sqlalchemy.exc import DBAPIError
 
 from ..deploy import forks
 from ..sql.shapes import parse_snapshot
-from .connect import READ_ONLY_STATEMENTS, fetch, make_engine, make_read_only
+from .connect import (
+    READ_ONLY_STATEMENTS,
+    fetch,
+    make_engine,
+    make_read_only,
+    unbounded,
+)
 from .errors import WriteSlotTimeout, is_timeout
 from .lag import LOOK, NO_POSITION, LagWatch, position_of
 from .pins import TablePins
@@ -159,6 +165,15 @@ class Router:
                 'knows the URL can make a pin cookie, and send their reads '
                 'to the writer; set dbtune.pin_secret'
             )
+        for url in sorted({settings.url, *urls}):
+            if missing := unbounded(url, *timeouts):
+                log.warning(
+                    'pyramid_dbtune: the driver of %s is not given %s; a '
+                    'server that hangs holds a request until it answers: '
+                    "set the driver's own bound in the URL",
+                    make_url(url).render_as_string(hide_password=True),
+                    ' and '.join(missing),
+                )
         self.lag_watch = (
             LagWatch(self.readers, self.positions)
             if self.replicas and (settings.max_replica_lag or self.positions)
