@@ -11,7 +11,7 @@ from pyramid.exceptions import ConfigurationError
 from pyramid_dbtune import SQLFileError, SQLMethod
 from pyramid_dbtune.sql.method import load_sql_file
 
-from conftest import make_app
+from conftest import call, make_app
 
 
 def test_method_properties():
@@ -254,3 +254,12 @@ def test_a_parameter_after_a_string_ending_in_a_backslash_is_refused(
     with pytest.raises(ConfigurationError, match=r':rest stands inside a'):
         make_app(server_url, [method])
     make_app(sqlite_url, [method])  # which takes a backslash as itself
+
+
+def test_a_semicolon_in_a_quoted_name_or_string_is_one_statement(db_url, apps):
+    # "a;b" is a name to PostgreSQL and SQLite, a string to MySQL; both
+    # may stand as a column's alias. Neither ends the statement.
+    sql = 'SELECT id AS "a;b" FROM property WHERE area = :area ORDER BY id'
+    app = apps(db_url, [SQLMethod('find', sql, cache_time=20)])
+    answer = call(app, ('find', {'area': 'Headingley'}))
+    assert answer['results'][0]['rows'] == [[1], [2]]

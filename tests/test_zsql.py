@@ -272,6 +272,14 @@ def test_load_errors_name_the_file_and_line(tmp_path, header, body, message):
     assert message in str(info.value)
 
 
+def test_a_semicolon_in_a_quoted_name_or_string_is_one_statement(tmp_path):
+    path = tmp_path / 'alias.zsql'
+    path.write_text('SELECT id AS "a;b", \'c;d\' FROM property;\n')
+    method = load_zsql_file(path)
+    statement, _ = method.bind({})
+    assert str(statement) == 'SELECT id AS "a;b", \'c;d\' FROM property'
+
+
 def test_header_odds_and_ends(tmp_path):
     path = tmp_path / 'odd.zsql'
     path.write_text(

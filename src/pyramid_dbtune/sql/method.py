@@ -144,7 +144,7 @@ class SQLMethod:
         if not isinstance(sql, str) or not sql.strip():
             raise ValueError(f'SQL method {name!r}: sql must be a statement')
         sql = sql.strip().rstrip(';').rstrip()
-        if ';' in analysis.blank(sql):
+        if ';' in analysis.tokens(sql):
             raise ValueError(
                 f'SQL method {name!r} holds more than one statement; '
                 'write one method per statement'

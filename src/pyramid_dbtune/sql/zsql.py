@@ -187,7 +187,7 @@ class ZSQLMethod(SQLMethod):
         """Refuse a text where a value would not be a bound parameter:
         glued to a name, or inside a string or a comment as a database
         reads it (the template's tags put it next to one)."""
-        if ';' in analysis.blank(sql):
+        if ';' in analysis.tokens(sql):
             raise error(
                 f'{self.where}: SQL method {self.name!r} holds more than one '
                 'statement; write one method per statement'
