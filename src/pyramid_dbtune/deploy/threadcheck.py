@@ -61,7 +61,8 @@ MIN_MS = 10
 QUEUED = 0.7
 #: CPU probes that get less of a core than this, alone or in the rounds
 #: (see :attr:`Measurement.round_core_share`): the host is too busy for
-#: a CPU reading. Above it, the reading is divided by the share.
+#: a CPU reading. Above it, the reading is judged as it is: it counts the
+#: processes that had a request in a view, which other programs do not lower.
 BUSY = 0.4
 NAMES = {'io': 'I/O', 'cpu': 'CPU', 'sql': 'SQL'}
 #: Worker classes whose requests run on green threads, not OS threads.
