@@ -14,6 +14,7 @@ import time
 import urllib.request
 
 import pytest
+import sqlalchemy as sa
 from gunicorn.config import KNOWN_SETTINGS
 from prometheus_client import CollectorRegistry, multiprocess, values
 from prometheus_client.parser import text_string_to_metric_families
@@ -170,6 +171,33 @@ def test_failovers_and_write_waits_are_counted(sqlite_url, apps):
     assert database['roles']['writer']['reads'] == 1
     assert database['write_waits'] == 1
     assert database['write_wait_seconds'] >= 0.05
+
+
+def test_a_pinned_sessions_reads_on_the_writer_have_a_role(sqlite_url, apps):
+    # With replicas, a pinned client's session reads on the writer's
+    # database through a read-only pool of its own: its connections count
+    # against the database's limit, and are shown.
+    def view(request):
+        session = request.dbsession
+        if request.params.get('write'):
+            session.get(Property, 1).rent += 1
+            session.flush()
+        return session.scalar(sa.text('SELECT count(*) FROM property'))
+
+    settings = {
+        **ON,
+        'dbtune.read_urls': sqlite_url,
+        'dbtune.pin_after_write': '30',
+        'dbtune.pin_secret': 'a pin secret for this test',
+    }
+    app = apps(sqlite_url, [], settings, views={'/view': view})
+    app.get('/view', {'write': '1'})
+    app.get('/view')  # pinned: on the writer's database, read-only
+    role = stats_of(app)['database']['roles']['writer_read_only']
+    assert role['reads'] == 1 and role['in_use'] == 0
+    metrics = metrics_of(app)
+    reads = ('dbtune_db_reads_total', (('role', 'writer_read_only'),))
+    assert metrics[reads] == 1
 
 
 def test_the_write_slot_wait_is_not_database_time(sqlite_url, apps):

@@ -234,6 +234,12 @@ def database_figures(router):
             **_pool(router.writer.pool),
         }
     }
+    if router.replicas:  # a pool of its own on the writer's database
+        roles['writer_read_only'] = {
+            'url': router.key,
+            'reads': router.read_only_writer_reads,
+            **_pool(router.read_only_writer.pool),
+        }
     for i, reader in enumerate(router.readers):
         roles[f'reader{i}'] = {
             'url': reader.name,

@@ -127,6 +127,14 @@ class Router:
                 pool_pre_ping=True,
             )  # fmt: skip
             make_read_only(self.read_only_writer)
+            event.listen(
+                self.read_only_writer,
+                'after_cursor_execute',
+                self._read_on_writer_read_only,
+            )
+        #: Statements the sessions ran on :attr:`read_only_writer`, with
+        #: replicas.
+        self.read_only_writer_reads = 0
         self.dialect = self.writer.dialect.name
         self._read_only, self._writable = READ_ONLY_STATEMENTS.get(
             self.dialect, (None, None)
@@ -428,6 +436,9 @@ class Router:
                 reader.name,
                 getattr(exc, 'orig', exc),
             )
+
+    def _read_on_writer_read_only(self, *_):
+        self.read_only_writer_reads += 1
 
     def _answered(self, reader, connection, *_):
         if reader.backoff and not connection.get_execution_options().get(LOOK):
