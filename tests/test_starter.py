@@ -174,6 +174,53 @@ def test_without_a_database_the_apps_session_is_left_alone(tmp_path):
     engine.dispose()
 
 
+def test_a_session_added_after_a_commit_is_adopted(sqlite_url):
+    # The app commits between the include and its request.dbsession: the
+    # session is adopted as the app is made. It replaced the package's,
+    # unrouted, and its writes left cached rows stale.
+    create_tables(sqlite_url)
+    engine = sa.create_engine(sqlite_url)
+    config = Configurator(settings={'dbtune.url': sqlite_url})
+    config.include('pyramid_dbtune')
+    config.commit()
+
+    def dbsession(request):
+        session = sa.orm.Session(bind=engine)
+        zope.sqlalchemy.register(session, transaction_manager=request.tm)
+        return session
+
+    config.add_request_method(dbsession, 'dbsession', reify=True)
+    config.add_sql_method(**GET)
+
+    def view(request):
+        if 'rent' in request.params:
+            request.dbsession.get(Property, 1).rent = int(
+                request.params['rent']
+            )
+        return request.sql.get(id=1)[0].rent
+
+    config.add_route('home', '/')
+    config.add_view(view, route_name='home', renderer='json')
+    app = TestApp(config.make_wsgi_app())
+    assert app.get('/').json == 90  # cached
+    assert app.get('/', {'rent': '95'}).json == 95
+    assert app.get('/').json == 95
+    assert app.app.registry.dbtune.adopts
+    app.app.registry.dbtune.close()
+    engine.dispose()
+
+
+def test_without_a_database_a_dbsession_method_is_the_apps(tmp_path):
+    config = Configurator(settings={'dbtune.server_timing': 'true'})
+    config.include('pyramid_dbtune')
+    config.add_request_method(lambda request: 'own', 'dbsession')
+    config.add_route('home', '/')
+    config.add_view(
+        lambda request: request.dbsession(), route_name='home', renderer='json'
+    )
+    assert TestApp(config.make_wsgi_app()).get('/').json == 'own'
+
+
 def test_a_thread_local_session_is_its_own_again_after_its_request(
     postgresql_url,
 ):

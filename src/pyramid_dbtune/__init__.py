@@ -97,9 +97,12 @@ def _say_untold(dbtune):
 
 def _check_when_made(dbtune, settings, included, event):
     """As the WSGI app is made: what the settings name is there, and
-    they are as they were at the include."""
+    they are as they were at the include; a ``request.dbsession`` added
+    after a commit is routed too."""
     _check_overrides(dbtune)
     _settings.check_unchanged(settings, included)
+    if dbtune.settings.dbsession:
+        session.provide(event.app.registry)
 
 
 def _check_overrides(dbtune):

@@ -200,6 +200,10 @@ def dbsession(request):
     return request.dbtune.unit.session
 
 
+class _Routed(reify):
+    """``request.dbsession`` as :func:`provide` gives it."""
+
+
 def provide(registry):
     """Give requests ``request.dbsession``: the application's own, adopted,
     where it adds one (as Pyramid's starter does), else the package's.
@@ -207,21 +211,24 @@ def provide(registry):
     An action run after the application's own (order 0), so that its
     ``request.dbsession`` is there to be seen: in ``descriptors`` of
     :class:`pyramid.interfaces.IRequestExtensions`, documented as the
-    properties added to each request.
+    properties added to each request. Run again as the WSGI app is made:
+    one the application adds in a later commit is adopted too.
     """
     extensions = registry.getUtility(IRequestExtensions)
     own = extensions.descriptors.get('dbsession')
+    if isinstance(own, _Routed):
+        return
+    added = own is not None or 'dbsession' in extensions.methods
+    if added and registry.dbtune.router is None:
+        return  # no database of the package's: the session is the app's
     if own is None and 'dbsession' in extensions.methods:
         raise ConfigurationError(
             'the application adds request.dbsession as a method, not a '
             'property, and pyramid_dbtune can only route a property: set '
             'dbtune.dbsession = false to leave it alone'
         )
-    if own is not None:
-        if registry.dbtune.router is None:
-            return  # no database of the package's: the session is the app's
-        registry.dbtune.adopts = True
-    extensions.descriptors['dbsession'] = reify(
+    registry.dbtune.adopts = own is not None
+    extensions.descriptors['dbsession'] = _Routed(
         dbsession if own is None else _adopting(own)
     )
 
