@@ -39,10 +39,12 @@ class Policy:
     __acl__ = [(Allow, 'ops', 'view-stats')]
 
 
-def make(policy=None, **settings):
+def make(policy=None, commit=False, **settings):
     settings = {f'dbtune.{k}': v for k, v in settings.items()}
     with Configurator(settings=settings) as config:
         config.include('pyramid_dbtune')
+        if commit:
+            config.commit()
         if policy is not None:
             config.set_security_policy(policy)
         access.add_view(config, 'secret', secret_view, renderer='json')
@@ -92,6 +94,9 @@ def test_a_permission_needs_a_security_policy():
     # Without a policy Pyramid grants every permission.
     with pytest.raises(ConfigurationError, match='needs a security policy'):
         make(**{'stats.permission': 'view-stats'})
+    # One set after a commit is there as the app is made.
+    app = make(Policy(), commit=True, **{'stats.permission': 'view-stats'})
+    assert app.get('/_dbtune/secret', headers={'X-User': 'ops'}).json
 
 
 def test_no_token_and_no_permission_lets_nobody_in():

@@ -96,13 +96,17 @@ def _say_untold(dbtune):
 
 
 def _check_when_made(dbtune, settings, included, event):
-    """As the WSGI app is made: what the settings name is there, and
-    they are as they were at the include; a ``request.dbsession`` added
-    after a commit is routed too."""
+    """As the WSGI app is made: what the settings name is there, a
+    security policy for ``dbtune.stats.permission`` too, and they are as
+    they were at the include; a ``request.dbsession`` added after a
+    commit is routed too."""
     _check_overrides(dbtune)
     _settings.check_unchanged(settings, included)
+    registry = event.app.registry
+    if dbtune.settings.stats_permission is not None:
+        access.check_policy(registry)
     if dbtune.settings.dbsession:
-        session.provide(event.app.registry)
+        session.provide(registry)
 
 
 def _check_overrides(dbtune):
@@ -185,7 +189,7 @@ def install(config, dbtune):
     if dbtune.views:
         access.add_route(config)
     # After every other action: the untold writes are of registered
-    # methods, and a permission needs the security policy the app sets up.
+    # methods.
     # Their errors say they come from the settings: Pyramid would name
     # "Line 0 of file None" (these actions are no call of a directive).
     settings_config = config.with_package(config.package)
@@ -198,12 +202,8 @@ def install(config, dbtune):
         order=10,
     )
     # Once every commit is done: an app may commit before it registers
-    # its methods, or change a setting after a first commit.
+    # its methods, sets its security policy, or changes a setting.
     config.add_subscriber(
         partial(_check_when_made, dbtune, config.registry.settings, included),
         ApplicationCreated,
     )
-    if parsed.stats_permission is not None:
-        settings_config.action(
-            None, access.check_policy, args=(config.registry,), order=10
-        )
