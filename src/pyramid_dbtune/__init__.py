@@ -95,12 +95,13 @@ def _say_untold(dbtune):
         )
 
 
-def _check_when_made(dbtune, settings, included, event):
+def _check_when_made(dbtune, settings, included, check_names, event):
     """As the WSGI app is made: what the settings name is there, a
     security policy for ``dbtune.stats.permission`` too, and they are as
     they were at the include; a ``request.dbsession`` added after a
     commit is routed too."""
-    _check_overrides(dbtune)
+    if check_names:
+        _check_overrides(dbtune)
     _settings.check_unchanged(settings, included)
     registry = event.app.registry
     if dbtune.settings.stats_permission is not None:
@@ -157,11 +158,13 @@ def includeme(config):
     install(config, DBTune(_settings.parse(config.get_settings())))
 
 
-def install(config, dbtune):
+def install(config, dbtune, check_names=True):
     """What :func:`includeme` installs, around ``dbtune``: a
     :class:`DBTune` made already, its settings parsed. The Zope side
     (:mod:`pyramid_dbtune.zope.ops`) gives it the Zope process's own, so
-    that the operator's views count what Zope's SQL runs."""
+    that the operator's views count what Zope's SQL runs, and
+    ``check_names`` false: a ``dbtune.cache_time.<id>`` may name a ZSQL
+    Method, which is in the ZODB, not registered here."""
     parsed = dbtune.settings
     included = _settings.read(config.get_settings())
     config.include('pyramid_tm')
@@ -204,6 +207,12 @@ def install(config, dbtune):
     # Once every commit is done: an app may commit before it registers
     # its methods, sets its security policy, or changes a setting.
     config.add_subscriber(
-        partial(_check_when_made, dbtune, config.registry.settings, included),
+        partial(
+            _check_when_made,
+            dbtune,
+            config.registry.settings,
+            included,
+            check_names,
+        ),
         ApplicationCreated,
     )

@@ -77,7 +77,7 @@ def operator_app(app, dbtune):
             'tm.activate_hook': _own,
         }
     )
-    install(config, dbtune)
+    install(config, dbtune, check_names=False)
     zope = _published_by(app)
     config.add_route(ROUTE, '/*path')
     config.add_view(zope, route_name=ROUTE)
