@@ -514,7 +514,7 @@ def test_tags_of_a_change():
     [
         (None, 'needs a database'),
         ('sqlite://', 'sqlite cannot tell'),
-        ('postgresql+psycopg_async://u@h/d', 'needs psycopg \\(version 3\\)'),
+        ('postgresql+pg8000://u@h/d', 'needs psycopg \\(version 3\\)'),
     ],
 )
 def test_listening_needs_a_database_that_tells(url, message):

@@ -241,6 +241,15 @@ def test_urls_need_a_known_dialect_and_an_installed_driver():
     message = str(info.value)
     assert "whose driver is installed (No module named 'MySQLdb')" in message
     assert 'mysql+pymysql://' in message
+    # psycopg's asyncio driver is installed too; its engine is no Engine.
+    with pytest.raises(ConfigurationError) as info:
+        parse({'dbtune.read_urls': 'postgresql+psycopg_async://u@h/db'})
+    assert str(info.value) == (
+        "dbtune.read_urls = 'postgresql+psycopg_async://u@h/db' is not "
+        "valid: expected a URL with a driver that is not asyncio's, as "
+        'postgresql+psycopg_async is: postgresql+psycopg://, not '
+        'postgresql+psycopg_async://'
+    )
 
 
 def test_an_error_hides_a_urls_password():

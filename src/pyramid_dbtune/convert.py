@@ -37,6 +37,12 @@ def as_url(value):
             '[oracle]) and name its driver, as in postgresql+psycopg://, '
             'mysql+pymysql:// or oracle+oracledb://'
         ) from None
+    if dialect.is_async:  # its engine is no Engine: every read would fail
+        raise Invalid(
+            f"a URL with a driver that is not asyncio's, as "
+            f'{url.drivername} is: postgresql+psycopg://, not '
+            'postgresql+psycopg_async://'
+        )
     return text
 
 
