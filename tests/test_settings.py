@@ -202,6 +202,12 @@ def test_memcached_settings():
         ('dbtune.cache.servers', [], 'host:port items'),
         ('dbtune.cache.servers', 'h:²', 'host:port items'),  # not int()'s
         ('dbtune.cache.servers', 11211, 'host:port items'),  # from Python
+        # An IPv6 address without brackets, no host, brackets left over.
+        ('dbtune.cache.servers', '::1', r'or \[::1\]:11211'),
+        ('dbtune.cache.servers', '2001:db8::5:11211', 'host:port items'),
+        ('dbtune.cache.servers', '[]:11211', 'host:port items'),
+        ('dbtune.cache.servers', '[::1]x:11211', 'host:port items'),
+        ('dbtune.cache.servers', 'a:b:11211', 'host:port items'),
         ('dbtune.cache.namespace', 'a b', 'up to 40 ASCII letters'),
         ('dbtune.cache.namespace', 'café', 'up to 40 ASCII letters'),
         ('dbtune.cache.namespace', 'x' * 41, 'up to 40 ASCII letters'),

@@ -90,15 +90,20 @@ def whole_number(text, low=0, high=None):
 
 
 def as_servers(value):
-    """``host:port`` items, whitespace- or comma-separated."""
-    accepted = 'host:port items such as 127.0.0.1:11211'
+    """``host:port`` items, whitespace- or comma-separated; an IPv6
+    address in brackets (``[::1]:11211``)."""
+    accepted = 'host:port items such as 127.0.0.1:11211 or [::1]:11211'
     servers = []
     for item in _items(value, ',', accepted):
         host, sep, port = str(item).rpartition(':')
         port = whole_number(port, 1, 65535)
-        if not (sep and host and port):
+        if host[:1] == '[' and host[-1:] == ']':
+            host = host[1:-1]
+        elif ':' in host:
+            host = ''  # an IPv6 address needs its brackets
+        if not (sep and host and port) or '[' in host or ']' in host:
             raise Invalid(accepted)
-        servers.append((host.strip('[]'), port))
+        servers.append((host, port))
     if not servers:
         raise Invalid(accepted)
     return tuple(servers)
