@@ -210,7 +210,7 @@ def test_a_session_added_after_a_commit_is_adopted(sqlite_url):
     engine.dispose()
 
 
-def test_without_a_database_a_dbsession_method_is_the_apps(tmp_path):
+def test_without_a_database_a_dbsession_method_is_the_apps():
     config = Configurator(settings={'dbtune.server_timing': 'true'})
     config.include('pyramid_dbtune')
     config.add_request_method(lambda request: 'own', 'dbsession')
