@@ -493,6 +493,78 @@ def test_a_listener_cut_off_misses_no_change_on_mariadb(mysql_url, apps):
         engine.dispose()
 
 
+#: What anyone who may notify the channel (PostgreSQL: any role) or
+#: write to the table of changes (MySQL) may send: (table, text), each;
+#: the table a change names ('': a MySQL mark, which names none).
+NOT_THE_TRIGGERS = {
+    'postgresql': [
+        (None, 'not json'),
+        (None, '[1]'),
+        (None, '{"s": 5}'),
+        (None, '{"p": [1]}'),
+        (None, '{"t": 5}'),
+        ('nothing', '{"t": "nothing", "old": [1], "new": []}'),
+    ],
+    'mysql': [
+        ('nothing', 'not json'),
+        ('nothing', '[1]'),
+        ('nothing', '{"old": 5}'),
+        ('', 'junk'),
+        ('', '[1]'),
+    ],
+}
+
+
+def tell(url, table, text):
+    """Tell the listeners a change, as the triggers would not."""
+    engine = sa.create_engine(url, poolclass=sa.pool.NullPool)
+    try:
+        with engine.begin() as connection:
+            if url.startswith('postgresql'):
+                statement = "SELECT pg_notify('dbtune_changes', :text)"
+            else:
+                statement = (
+                    'INSERT INTO dbtune_changes (tbl, cols) '
+                    'VALUES (:table, :text)'
+                )
+            connection.execute(
+                sa.text(statement), {'table': table, 'text': text}
+            )
+    finally:
+        engine.dispose()
+
+
+def test_a_change_not_the_triggers_drops_its_table_alone(
+    server_url, apps, caplog
+):
+    """A change told otherwise than the triggers tell one is logged, and
+    drops the reads of the table it names, if any: the listener keeps its
+    connection, and the rest of the cache (connecting again would drop
+    every cached result, and anyone could make it do so at will)."""
+    app = listening(server_url, apps)
+    listener = app.app.registry.dbtune.listener
+    kind = 'postgresql' if server_url.startswith('postgresql') else 'mysql'
+    junk = NOT_THE_TRIGGERS[kind]
+    call(app, *READS)
+    wait = heard(app, 1 + sum(bool(table) for table, _ in junk))
+    for table, text in junk:
+        tell(server_url, table, text)
+    tell(server_url, 'nothing', '{"t": "nothing"}' if kind == 'postgresql'
+         else None)  # fmt: skip
+    wait()
+    assert [call(app, read)['cache']['hit'] for read in READS] == [1] * 6
+    said = [r for r in caplog.records if 'did not' in r.getMessage()]
+    assert len(said) == len(junk)
+    wait = heard(app)
+    if kind == 'postgresql':
+        tell(server_url, None, '{"t": "property", "x": "junk"}')
+    else:
+        tell(server_url, 'property', '{"new": [5]}')
+    wait()
+    assert [call(app, read)['cache']['hit'] for read in READS] == [0] * 6
+    assert (listener.connects, listener.failures) == (1, 0)
+
+
 def test_tags_of_a_change():
     pinned = {'property': {'area', 'id'}}
     whole = {'property', 'property?'}

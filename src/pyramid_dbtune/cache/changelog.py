@@ -10,11 +10,14 @@ mark is its transaction's, or a later commit's, whose drop comes after
 the change in any case; a transaction's rows are read together."""
 
 import json
+import logging
 from decimal import Decimal
 
 import sqlalchemy as sa
 
-from .triggers import CHANNEL, MARK
+from .triggers import CHANNEL, MARK, PROBE, images
+
+log = logging.getLogger(__name__)
 
 #: Seconds that MySQL's ``dbtune_changes`` keeps a change.
 KEEP_CHANGES = 3600
@@ -107,14 +110,37 @@ def _told(rows):
     its connection's next mark names the table."""
     marks, told = {}, []
     for _, table, cols, origin in sorted(rows, reverse=True):
-        changed = cols and json.loads(cols, parse_float=Decimal)
+        changed = _parsed(table, cols)
         if table == MARK:
-            marks[origin] = changed
+            marks[origin] = changed or ()
         elif origin is not None and table in marks.get(origin, ()):
             told.append((table, changed, origin.rpartition(' ')[0]))
         else:
             told.append((table, changed, None))
     return reversed(told)
+
+
+def _parsed(table, cols):
+    """What a row of ``dbtune_changes`` tells; None (its table's every
+    row) where that is nothing, or not what the triggers and marks write
+    (anyone who may write to the table may write there)."""
+    if cols is None:
+        return None
+    try:
+        changed = json.loads(cols, parse_float=Decimal)
+        if table == PROBE:
+            return changed  # a token, checked where it is answered
+        if table != MARK:
+            return images(changed)
+        if type(changed) is list and all(type(t) is str for t in changed):
+            return changed
+    except (TypeError, ValueError):
+        pass
+    log.warning(
+        'pyramid_dbtune: a change in %s that its triggers did not write: '
+        '%.200r', CHANNEL, cols,
+    )  # fmt: skip
+    return None
 
 
 #: The error for a row locked by another transaction, at once with

@@ -16,9 +16,12 @@ adds a row (:data:`MARK`) that names the tables it dropped.
 
 import hashlib
 import json
+import logging
 from decimal import Decimal
 
 from ..sql.conditions import PLAIN, any_row, value_tag
+
+log = logging.getLogger(__name__)
 
 #: PostgreSQL's channel, and MySQL's table of changes.
 CHANNEL = 'dbtune_changes'
@@ -316,20 +319,62 @@ def read_notice(payload, schemas):
     of its rows, or None; a question of :mod:`.shared`: table
     :data:`PROBE`). None for a change of another schema's table of the
     same name than ``schemas`` (:func:`schemas_of`) finds: another
-    tenant's, say."""
-    message = json.loads(payload, parse_float=Decimal)
+    tenant's, say.
+
+    Any role may notify the channel: a notice not of the triggers'
+    making is logged, and drops at most the table it names, not the
+    listener's connection (which would drop every cached result)."""
+    try:
+        message = json.loads(payload, parse_float=Decimal)
+    except ValueError:
+        message = None
+    try:
+        return _read(message, schemas)
+    except (TypeError, ValueError, KeyError):
+        log.warning(
+            'pyramid_dbtune: a notice on %s that its triggers did not '
+            'send: %.200r', CHANNEL, payload,
+        )  # fmt: skip
+        table = message.get('t') if isinstance(message, dict) else None
+        return (None, table, None, None, None) if _text(table) else None
+
+
+def _read(message, schemas):
+    if not isinstance(message, dict):
+        raise TypeError(message)
     if 's' in message:
-        return message['s'], None, None, None, None
+        return _checked(message['s']), None, None, None, None
     if 'p' in message:  # a process that asks who listens (.shared.ask)
-        return None, PROBE, message['p'], None, None
-    table, schema = message['t'], message.get('n')
+        return None, PROBE, _checked(message['p']), None, None
+    table, schema = _checked(message['t']), message.get('n')
     if schema is not None and schemas.get(table, schema) != schema:
         return None
     told = None
     if 'old' in message:
-        told = {'old': message['old'], 'new': message['new']}
+        told = images({'old': message['old'], 'new': message['new']})
     xid = message.get('x')
     return None, table, told, message.get('o'), xid and int(xid)
+
+
+def images(told):
+    """``told``, what a trigger tells of a change's rows, checked:
+    ``{"old": [...], "new": [...]}``, either list missing on MySQL, or a
+    list (a trigger made before images), of objects. TypeError for
+    anything else: not a trigger's."""
+    for rows in told.values() if type(told) is dict else [told]:
+        if not (type(rows) is list and all(type(r) is dict for r in rows)):
+            raise TypeError(told)
+    return told
+
+
+def _text(value):
+    return isinstance(value, str) and value != ''
+
+
+def _checked(value):
+    if not _text(value):
+        raise TypeError(value)
+    return value
 
 
 def tags_of(table, rows, pinned):
