@@ -425,7 +425,7 @@ def test_a_change_log_read_on_a_lost_connection_keeps_what_it_waits_for(
         (floor,) = reader.execute(
             sa.text(f'SELECT COALESCE(MAX(id), 0) FROM {changes.CHANNEL}')
         ).one()
-        log = changes.ChangeLog(floor)
+        log = changes.ChangeLog(floor, {})
         late.execute(sa.text('UPDATE property SET rent = 98 WHERE id = 1'))
         outside(mysql_url, 'UPDATE property SET rent = 71 WHERE id = 4')
         read = []
@@ -1102,6 +1102,48 @@ def test_a_users_trigger_that_changes_another_table_is_heard(
     until(lambda: listener.own >= 1, 10)
     assert listener.own == 1
     assert rows('orders') == [[1, 5]]
+
+
+@pytest.mark.parametrize('shared', [False, True])
+def test_a_users_trigger_heard_where_the_app_writes_its_table_too(
+    server_url, shared, apps, request
+):
+    """A transaction of the app writes a row of the table a trigger of
+    the user's changes another row of: its commit drops the reads of the
+    row it wrote; the trigger's change is applied as anyone's all the
+    same (MySQL's mark tells the rows the commit dropped, not the whole
+    tables)."""
+    kind = 'postgresql' if server_url.startswith('postgresql') else 'mysql'
+    outside(
+        server_url,
+        'CREATE TABLE stock (item INTEGER PRIMARY KEY, n INTEGER)',
+        'CREATE TABLE orders (item INTEGER, qty INTEGER)',
+        'INSERT INTO stock VALUES (1, 100), (2, 100)',
+        *TAKE[kind],
+    )
+    engine = sa.create_engine(server_url, poolclass=sa.pool.NullPool)
+    triggers.install(engine, {'orders': ['item'], 'stock': ['item']})
+    engine.dispose()
+    settings = (
+        shared_settings(request.getfixturevalue('memcached')) if shared else {}
+    )
+    restock = {
+        'name': 'restock',
+        'sql': 'UPDATE stock SET n = :n WHERE item = :item',
+    }
+    app = apps(server_url, [*ORDERS, restock], {**settings, **LISTEN},
+               tables=False)  # fmt: skip
+    assert app.app.registry.dbtune.listener.listening.wait(10)
+
+    def stock(item):
+        found = call(app, ('stock', {'item': item}))['results'][0]['rows']
+        return found[0][1]
+
+    assert (stock(1), stock(2)) == (100, 100)
+    call(app, ('order', {'item': 1, 'qty': 5}),
+         ('restock', {'item': 2, 'n': 110}))  # fmt: skip
+    assert stock(2) == 110
+    until(lambda: stock(1) == 95, 10)
 
 
 def test_an_own_commit_not_heard_of_in_time_drops_its_rows(

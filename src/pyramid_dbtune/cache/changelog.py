@@ -2,12 +2,13 @@
 ``dbtune_changes`` (:mod:`.changes`), and how old changes leave it.
 
 A row's origin is the app's writer connection's; the app's commit adds a
-row (:data:`~.triggers.MARK`) that names the tables it drops itself. A
+row (:data:`~.triggers.MARK`) that names the tags it drops itself. A
 change is told as the app's own only where its connection's next mark
-names its table: a change a trigger of the user's made to another table
-is anyone's. A connection runs one transaction at a time, so the next
-mark is its transaction's, or a later commit's, whose drop comes after
-the change in any case; a transaction's rows are read together."""
+names every tag it drops: a change a trigger of the user's made to
+another table, or to other rows of a table the app wrote, is anyone's.
+A connection runs one transaction at a time, so the next mark is its
+transaction's, or a later commit's, whose drop comes after the change in
+any case; a transaction's rows are read together."""
 
 import json
 import logging
@@ -15,7 +16,8 @@ from decimal import Decimal
 
 import sqlalchemy as sa
 
-from .triggers import CHANNEL, MARK, PROBE, images
+from ..sql.conditions import any_row
+from .triggers import CHANNEL, MARK, PROBE, images, tags_of
 
 log = logging.getLogger(__name__)
 
@@ -44,8 +46,10 @@ class ChangeLog:
     to ``floor``, and those in ``seen`` above it. An id missing below one
     seen belongs to a transaction still open, or one rolled back."""
 
-    def __init__(self, floor):
+    def __init__(self, floor, pinned):
         self.floor = floor
+        #: ``dbtune.pinned``: what each change drops (:func:`.tags_of`)
+        self.pinned = pinned
         self.seen = set()
         #: ids missing: noted at the last read, or before
         self.missing = set()
@@ -93,7 +97,7 @@ class ChangeLog:
             self.floor += 1
             self.seen.discard(self.floor)
         if apply is not None:
-            for change in _told(found):
+            for change in _told(found, self.pinned):
                 apply(*change)
 
     def _new(self, rows):
@@ -104,20 +108,29 @@ class ChangeLog:
         return new
 
 
-def _told(rows):
+def _told(rows, pinned):
     """``(table, rows, origin)`` of each change of ``rows``, in order:
     ``rows`` the images, where it tells them; ``origin`` the app's where
-    its connection's next mark names the table."""
+    its connection's next mark names every tag the change drops."""
     marks, told = {}, []
     for _, table, cols, origin in sorted(rows, reverse=True):
         changed = _parsed(table, cols)
         if table == MARK:
-            marks[origin] = changed or ()
-        elif origin is not None and table in marks.get(origin, ()):
+            marks[origin] = frozenset(changed or ())
+        elif origin is not None and _dropped(
+            marks.get(origin, frozenset()), table, changed, pinned
+        ):
             told.append((table, changed, origin.rpartition(' ')[0]))
         else:
             told.append((table, changed, None))
     return reversed(told)
+
+
+def _dropped(mark, table, changed, pinned):
+    """Whether the commit of ``mark`` (the tags it dropped) dropped all
+    that a change of ``table`` could have changed: every read of the
+    table, or the change's rows."""
+    return any_row(table) in mark or tags_of(table, changed, pinned) <= mark
 
 
 def _parsed(table, cols):

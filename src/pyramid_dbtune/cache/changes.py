@@ -291,13 +291,13 @@ class Listener:
             return frozenset()
         return self.triggered.intersection(tables)
 
-    def committing(self, session, tables):
+    def committing(self, session, tables, tags):
         """Before a commit of the app, in ``session``, that wrote
-        ``tables``: ``(later, token)``, the tables whose changes this
-        listener applies (:meth:`applies`) and the token the commit waits
-        for (:meth:`settle`), None where it waits for none. On MySQL, mark
-        the tables with triggers that the commit drops itself: a change of
-        another (a trigger's of the user's) is applied as anyone's."""
+        ``tables`` and drops ``tags``: ``(later, token)``, the tables whose
+        changes this listener applies (:meth:`applies`) and the token the
+        commit waits for (:meth:`settle`), None where it waits for none.
+        On MySQL, mark the tags it drops itself: a change of other rows (a
+        trigger's of the user's) is applied as anyone's."""
         routed = {'dbtune_routed': True}
         later = self.applies(tables)
         if later:  # PostgreSQL
@@ -315,7 +315,7 @@ class Listener:
                     f'INSERT INTO {CHANNEL} (tbl, cols, origin) '
                     f'VALUES (:mark, :tables, @{_VARIABLE})'
                 ),
-                {'mark': MARK, 'tables': json.dumps(sorted(dropped))},
+                {'mark': MARK, 'tables': json.dumps(sorted(tags))},
                 execution_options=routed,
             )
         return later, None
@@ -449,7 +449,7 @@ class Listener:
             f'SELECT COALESCE(MAX(id), 0) FROM {CHANNEL} WHERE at < NOW(6) '
             f'- INTERVAL {OPEN_FOR} SECOND'
         ).one()
-        changes = self.changes = ChangeLog(floor)
+        changes = self.changes = ChangeLog(floor, self.dbtune.pinned)
         changes.read(connection, None)
         self._connected(connection)
         told = []  # each read's changes, pinned before they are applied

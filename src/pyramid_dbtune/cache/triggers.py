@@ -11,7 +11,7 @@ Both send the writer's :data:`ORIGIN`, so that a listener can pass over
 what the app's own commits dropped already: PostgreSQL's only for a
 change the app's statement made itself, not one a trigger of the user's
 made in turn; on MySQL, where a trigger cannot tell, the app's commit
-adds a row (:data:`MARK`) that names the tables it dropped.
+adds a row (:data:`MARK`) that names the tags it dropped.
 """
 
 import hashlib
@@ -32,7 +32,7 @@ MAX_ROWS = 100
 #: its own cache has dropped already (``@dbtune_origin`` on MySQL).
 ORIGIN = 'dbtune.origin'
 #: MySQL: the ``tbl`` of a row of the app's commit that names, in
-#: ``cols``, the tables it drops itself.
+#: ``cols``, the tags it drops itself (tables, rows).
 MARK = ''
 #: The table of a question of :mod:`.shared`, a process's that asks who
 #: listens (a name no table has that a plain name finds).
@@ -379,10 +379,13 @@ def _checked(value):
 
 def tags_of(table, rows, pinned):
     """What a change of ``table`` drops: ``rows``, the changed rows'
-    pinned columns as the trigger sent them (``None``: not told)."""
+    pinned columns as the trigger sent them (``None``: not told; old and
+    new apart: :func:`images`)."""
     whole = {table, any_row(table)}
     if rows is None:
         return whole
+    if type(rows) is dict:
+        rows = [*rows.get('old', ()), *rows.get('new', ())]
     tags = {table}
     for row in rows:
         for column in pinned.get(table, ()):

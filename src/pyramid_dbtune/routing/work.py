@@ -392,7 +392,7 @@ class UnitOfWork:
             return
         self.session.flush()  # the ORM's changes before the token's
         self._later, self._token = listener.committing(
-            self.session, self._tables
+            self.session, self._tables, self._tags
         )
 
     def _after_commit(self, committed):
