@@ -1146,6 +1146,67 @@ def test_a_users_trigger_heard_where_the_app_writes_its_table_too(
     until(lambda: stock(1) == 95, 10)
 
 
+#: Reads pinned by columns whose values a trigger tells otherwise than an
+#: argument equal to them may be written: (type, value, argument), each.
+WRITTEN_OTHERWISE = {
+    'postgresql': [
+        ('uuid', "'a0eebc99-9c0b-4ef8-bb6d-6bb9bd380a11'",
+         '{A0EEBC99-9C0B-4EF8-BB6D-6BB9BD380A11}'),
+        ('bytea', "'abc'", 'abc'),  # told as \\x616263
+        ('macaddr', "'aa:bb:cc:dd:ee:ff'", 'AA-BB-CC-DD-EE-FF'),
+    ],
+    'mysql': [
+        ('uuid', "'a0eebc99-9c0b-4ef8-bb6d-6bb9bd380a11'",
+         'A0EEBC999C0B4EF8BB6D6BB9BD380A11'),  # MariaDB's own type
+    ],
+}  # fmt: skip
+
+
+@pytest.mark.parametrize('shared', [False, True])
+def test_a_change_drops_reads_pinned_by_values_written_otherwise(
+    server_url, shared, apps, request
+):
+    """A change made outside drops the reads pinned by a uuid, bytes or an
+    address, whatever form their arguments take: their tags cannot be
+    matched with the values the trigger tells, so every read of the
+    table goes."""
+    kind = 'postgresql' if server_url.startswith('postgresql') else 'mysql'
+    cases = WRITTEN_OTHERWISE[kind]
+    statements = []
+    for type_, value, _ in cases:
+        statements += [
+            f'CREATE TABLE t_{type_} (v {type_} PRIMARY KEY, n int)',
+            f'INSERT INTO t_{type_} VALUES ({value}, 1)',
+        ]
+    outside(server_url, *statements)
+    engine = sa.create_engine(server_url, poolclass=sa.pool.NullPool)
+    triggers.install(engine, {f't_{t}': ['v'] for t, _, _ in cases})
+    engine.dispose()
+    settings = (
+        shared_settings(request.getfixturevalue('memcached')) if shared else {}
+    )
+    methods = [
+        {'name': type_, 'cache_time': 300,
+         'sql': f'SELECT n FROM t_{type_} WHERE v = :value'}
+        for type_, _, _ in cases
+    ]  # fmt: skip
+    app = apps(server_url, methods, {**settings, **LISTEN}, tables=False)
+    assert app.app.registry.dbtune.listener.listening.wait(10)
+    reads = [(type_, {'value': arg}) for type_, _, arg in cases]
+
+    def found():
+        return [call(app, read)['results'][0]['rows'][0][0] for read in reads]
+
+    assert found() == [1] * len(reads)
+    wait = heard(app, len(reads))
+    outside(
+        server_url,
+        *[f'UPDATE t_{type_} SET n = 2' for type_, _, _ in cases],
+    )
+    wait()
+    assert found() == [2] * len(reads)
+
+
 def test_an_own_commit_not_heard_of_in_time_drops_its_rows(
     postgresql_url, apps, monkeypatch
 ):

@@ -46,7 +46,7 @@ import sqlalchemy as sa
 from ..deploy import forks
 from ..routing.connect import ANSWER_WITHIN, listener_engine
 from ..routing.lag import position_of
-from ..routing.stored import inexact_tables
+from ..routing.stored import untold_tables
 from ..sql.shapes import Change
 from . import shared
 from .changelog import ChangeLog, forget_old
@@ -101,9 +101,9 @@ class Listener:
         self.notices = self.own = 0
         self.connects = self.failures = self.drops = self.late = 0
         #: The tables that have the package's triggers, as last connected;
-        #: of them, those whose rows are not told by value
-        #: (:func:`~pyramid_dbtune.routing.stored.inexact`).
-        self.triggered = self.inexact = frozenset()
+        #: of them, those whose rows are not told by value, and those not
+        #: by tag (:func:`~pyramid_dbtune.routing.stored.untold_tables`).
+        self.triggered = self.inexact = self.untagged = frozenset()
         self._expected = {}
         self._expected_lock = threading.Lock()
         #: MySQL: what was read of the changes (a :class:`ChangeLog`).
@@ -230,9 +230,9 @@ class Listener:
         # A table a method names otherwise may not be the one watched.
         unsure = misnamed(self.dbtune, connection)
         self.triggered = frozenset(watched(connection)) - unsure.keys()
-        compared = self.dbtune.compared.items()
-        self.inexact = inexact_tables(
-            connection, {t: c for t, c in compared if t in self.triggered}
+        dbtune = self.dbtune
+        self.inexact, self.untagged = untold_tables(
+            connection, self.triggered, dbtune.compared, dbtune.pinned
         )
         self.schemas = schemas_of(connection)
         for table, why in unsure.items():
@@ -407,14 +407,12 @@ class Listener:
             # Its commit left the reads with a shape to this listener: a
             # change that tells no transaction (more rows than a notice
             # tells, too big, a truncate) drops them, as any untold does.
-        changes = ()
-        if told is None or isinstance(told, list):
-            rows = told  # not told, or by a trigger made before images
-        else:
+        changes = ()  # told as a list: by a trigger made before images
+        if isinstance(told, dict) and table in self.dbtune.watched:
             old, new = tuple(told.get('old', ())), tuple(told.get('new', ()))
-            rows = [*old, *new]
-            if table in self.dbtune.watched and table not in self.inexact:
+            if table not in self.inexact:
                 changes = [Change(table, old, new, xid)]
+        rows = None if table in self.untagged else told
         return tags_of(table, rows, self.dbtune.pinned), changes
 
     def _notices(self, connection):

@@ -116,14 +116,33 @@ def inexact(stores, columns):
     )
 
 
-def inexact_tables(connection, compared):
-    """The tables of ``compared`` (``{table: the columns reads compare}``)
-    where one of those columns is :func:`inexact`, as ``connection``
-    finds them."""
+#: The kinds of column whose values a change tells as a read's argument
+#: equal to them is written (or as no tag: ``'05'`` and 5 are one).
+_TOLD_AS_WRITTEN = frozenset({'integer', 'assigned', 'text', 'enum'})
+
+
+def untold_tables(connection, tables, compared, pinned):
+    """Of ``tables``, as ``connection`` finds them: ``(inexact,
+    untagged)``. ``untagged``, those that a read is pinned (``pinned``,
+    ``{table: columns}``) by a column whose values a trigger tells
+    otherwise than an argument equal to them may be written: a uuid
+    (``'{A0EE...}'``, told ``'a0ee...'``), bytes (``'abc'``, told
+    ``'\\x616263'``), a MAC address: a change of theirs drops every read
+    of the table. ``inexact``, those too, and those where a column that
+    reads compare (``compared``) is :func:`inexact`: a change's images do
+    not tell how it compares."""
     inspector = sa.inspect(connection)
     dialect = connection.dialect.name
-    return frozenset(
-        table
-        for table, columns in compared.items()
-        if inexact(stores(dialect, inspector.get_columns(table)), columns)
-    )
+    inexact_, untagged = set(), set()
+    for table in tables:
+        if table not in compared and table not in pinned:
+            continue
+        found = stores(dialect, inspector.get_columns(table))
+        if inexact(found, compared.get(table, ())):
+            inexact_.add(table)
+        for column in pinned.get(table, ()):
+            if column not in found or (
+                found[column].kind not in _TOLD_AS_WRITTEN
+            ):
+                untagged.add(table)
+    return frozenset(inexact_ | untagged), frozenset(untagged)
