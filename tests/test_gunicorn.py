@@ -84,6 +84,26 @@ def gunicorn_config(monkeypatch, *flags):
     return WSGIApplication('%(prog)s [OPTIONS] [APP_MODULE]').cfg
 
 
+def test_the_deployment_docs_config_file(monkeypatch, tmp_path):
+    """The config file of one's own that the deployment docs show takes
+    the hooks, preloads, and runs the threads it asks for, with no
+    warning of a sync worker."""
+    text = (Path(__file__).parents[1] / 'docs/deployment.rst').read_text()
+    after = text.split('    # gunicorn.conf.py\n', 1)[1].splitlines()
+    lines = []
+    for line in after:
+        if line and not line.startswith('    '):
+            break
+        lines.append(line[4:])
+    path = tmp_path / 'gunicorn.conf.py'
+    path.write_text('\n'.join(lines))
+    cfg = gunicorn_config(monkeypatch, '-c', str(path))
+    assert cfg.post_fork is config_module.post_fork
+    assert cfg.child_exit is config_module.child_exit
+    assert (cfg.preload_app, cfg.worker_class_str) == (True, 'gthread')
+    assert (cfg.workers, cfg.threads) == (4, 8)
+
+
 def test_defaults_from_the_host_and_flags_win(monkeypatch):
     cfg = gunicorn_config(monkeypatch)
     assert cfg.workers == config_module.default_workers()
