@@ -53,6 +53,7 @@ from .changelog import ChangeLog, forget_old
 from .triggers import (
     CHANNEL,
     MARK,
+    MY_ORIGIN,
     ORIGIN,
     PROBE,
     misnamed,
@@ -271,7 +272,7 @@ class Listener:
             )
         else:  # and the connection's, that its commits' marks name
             own = f'{self.origin} {uuid.uuid4().hex[:12]}'
-            cursor.execute(f'SET @{_VARIABLE} = %s', (own,))
+            cursor.execute(f'SET @{MY_ORIGIN} = %s', (own,))
         cursor.close()
         dbapi_connection.commit()
 
@@ -313,7 +314,7 @@ class Listener:
             session.execute(
                 sa.text(
                     f'INSERT INTO {CHANNEL} (tbl, cols, origin) '
-                    f'VALUES (:mark, :tables, @{_VARIABLE})'
+                    f'VALUES (:mark, :tables, @{MY_ORIGIN})'
                 ),
                 {'mark': MARK, 'tables': json.dumps(sorted(tags))},
                 execution_options=routed,
@@ -484,10 +485,6 @@ class Listener:
         self._check_at = now + CHECK_EVERY
         connection.exec_driver_sql('SELECT 1')
         return True
-
-
-#: MySQL's name of :data:`~.triggers.ORIGIN`.
-_VARIABLE = ORIGIN.replace('.', '_')
 
 
 def start(dbtune):

@@ -31,6 +31,8 @@ MAX_ROWS = 100
 #: writer connections set it, so that a listener can pass over the changes
 #: its own cache has dropped already (``@dbtune_origin`` on MySQL).
 ORIGIN = 'dbtune.origin'
+#: MySQL's name of :data:`ORIGIN`: a user variable.
+MY_ORIGIN = ORIGIN.replace('.', '_')
 #: MySQL: the ``tbl`` of a row of the app's commit that names, in
 #: ``cols``, the tags it drops itself (tables, rows).
 MARK = ''
@@ -282,7 +284,7 @@ def trigger_sql(engine, tables, drop=False):
                     f'CREATE TRIGGER {name} AFTER {event.upper()} ON {quoted} '
                     f'FOR EACH ROW INSERT INTO {CHANNEL} (tbl, cols, origin) '
                     f'VALUES ({_literal(table)}, {told}, '
-                    f'@{ORIGIN.replace(".", "_")})'
+                    f'@{MY_ORIGIN})'
                 )
     if drop:
         return statements
