@@ -624,6 +624,30 @@ def test_the_triggers_command(server_url, tmp_path, capsys):
     assert watched(server_url) == set()
 
 
+def test_the_triggers_command_of_an_app_that_listens(
+    server_url, tmp_path, apps, caplog, capsys, monkeypatch
+):
+    """The command loads the application without its listener, which
+    would look for the triggers before they are made, and say in the log
+    that none tell of changes, or fail to find MySQL's table of
+    changes."""
+    create_tables(server_url)
+    path = ini(tmp_path, server_url, **LISTEN)
+    started = []
+    start = changes.Listener.start
+    monkeypatch.setattr(
+        changes.Listener, 'start',
+        lambda self: started.append(self) or start(self),
+    )  # fmt: skip
+    assert main(['triggers', path]) == 0
+    assert 'installed on property' in capsys.readouterr().out
+    assert started == []
+    assert 'pyramid_dbtune' not in caplog.text
+    # As it was, for the applications after it.
+    apps(server_url, METHODS, LISTEN, tables=False)
+    assert len(started) == 1
+
+
 def test_the_triggers_command_for_named_tables(server_url, tmp_path, capsys):
     # A Zope site's ZSQL Methods name their tables in their SQL alone.
     create_tables(server_url)

@@ -487,9 +487,14 @@ class Listener:
         return True
 
 
+#: False while a command that works on the database loads the app
+#: (``dbtune triggers``): its listener would hear nothing, and say so.
+STARTS = True
+
+
 def start(dbtune):
     """Start the listener of ``dbtune`` (``dbtune.cache.listen``), unless
-    it has one: a Zope process's operator's views, installed on the
-    process's own DBTune, find it listening already."""
-    if dbtune.listener is None:
+    it has one (a Zope process's operator's views find it listening
+    already) or :data:`STARTS` is false."""
+    if dbtune.listener is None and STARTS:
         dbtune.listener = Listener(dbtune).start()

@@ -111,7 +111,14 @@ def _what(args, closers):
         return engine, dict.fromkeys(sorted(set(named)), ((), ())), {}
     from pyramid.paster import bootstrap
 
-    env = bootstrap(args.config_uri)
+    from ..cache import changes
+
+    # No listener: it would look for the triggers before they are made.
+    changes.STARTS = False
+    try:
+        env = bootstrap(args.config_uri)
+    finally:
+        changes.STARTS = True
     closers.append(env['closer'])
     dbtune = getattr(env['registry'], 'dbtune', None)
     if dbtune is None:
