@@ -35,6 +35,9 @@ def test_method_properties():
 def test_postgresql_casts_and_escaped_colons_are_not_parameters():
     method = SQLMethod('m', r"SELECT CAST(:a AS int), b::text, '10\:30'")
     assert method.params == ('a',)
+    # A parameter's cast in a string, a comment, or escaped, is no cast.
+    method = SQLMethod('m', r"SELECT ':a::int', \:b::int -- :c::int")
+    assert method.params == ()
 
 
 @pytest.mark.parametrize(
@@ -45,6 +48,9 @@ def test_postgresql_casts_and_escaped_colons_are_not_parameters():
         ({'name': None}, 'must be a Python identifier'),
         ({'sql': '  '}, "SQL method 'm': sql must be a statement"),
         ({'sql': 'SELECT 1; DROP TABLE t'}, 'more than one statement'),
+        ({'sql': 'SELECT :id::int'}, "SQL method 'm': SQLAlchemy does not "
+         'read :id::int as the parameter :id and a cast: write CAST(:id AS '
+         'int)'),
         ({'cache_time': -1}, "SQL method 'm': cache_time must be a number"),
         ({'cache_time': float('inf')}, 'cache_time must be a number'),
         ({'cache_time': '20'}, "cache_time must be a number of seconds, 0 "

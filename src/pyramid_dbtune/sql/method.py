@@ -150,6 +150,15 @@ class SQLMethod:
                 'write one method per statement'
             )
         what = f'SQL method {name!r}:'
+        cast = _CAST.search(analysis.blank(sql))
+        if cast:
+            # SQLAlchemy reads no parameter there (2.0: :i of :id::int).
+            name_, type_ = cast.group(1), cast.group(2) or '...'
+            raise ValueError(
+                f'{what} SQLAlchemy does not read {cast.group(0)} as the '
+                f'parameter :{name_} and a cast: write CAST(:{name_} AS '
+                f'{type_})'
+            )
         if cache_time is not None:
             _check_number(f'{what} cache_time', cache_time)
         _check_number(f'{what} max_rows', max_rows, integer=True)
@@ -357,6 +366,8 @@ _HEADER_KEYS = {
     'invalidate': (as_bool, 'true or false'),
 }
 # A key may be written with spaces or hyphens: "cache-time", "Cache time".
+#: A parameter followed by PostgreSQL's cast, ``::``.
+_CAST = re.compile(r'(?<![:\w\\]):(\w+)::(\w*)')
 _HEADER = re.compile(r'^--\s*([A-Za-z_][\w -]*?)\s*:\s*(.*?)\s*$')
 
 
