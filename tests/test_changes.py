@@ -1174,10 +1174,10 @@ def test_a_users_trigger_heard_where_the_app_writes_its_table_too(
 #: argument equal to them may be written: (type, value, argument), each.
 WRITTEN_OTHERWISE = {
     'postgresql': [
-        ('uuid', "'a0eebc99-9c0b-4ef8-bb6d-6bb9bd380a11'",
-         '{A0EEBC99-9C0B-4EF8-BB6D-6BB9BD380A11}'),
         ('bytea', "'abc'", 'abc'),  # told as \\x616263
         ('macaddr', "'aa:bb:cc:dd:ee:ff'", 'AA-BB-CC-DD-EE-FF'),
+        ('uuid', "'a0eebc99-9c0b-4ef8-bb6d-6bb9bd380a11'",
+         '{A0EEBC99-9C0B-4EF8-BB6D-6BB9BD380A11}'),
     ],
     'mysql': [
         ('uuid', "'a0eebc99-9c0b-4ef8-bb6d-6bb9bd380a11'",
@@ -1190,8 +1190,9 @@ WRITTEN_OTHERWISE = {
 def test_a_change_drops_reads_pinned_by_values_written_otherwise(
     server_url, shared, apps, request
 ):
-    """A change made outside drops the reads pinned by a uuid, bytes or an
-    address, whatever form their arguments take: their tags cannot be
+    """A change made outside drops the reads pinned by bytes, an address
+    or a uuid, whatever form their arguments take: a uuid is tagged by
+    its standard form, as the trigger tells it; the others cannot be
     matched with the values the trigger tells, so every read of the
     table goes."""
     kind = 'postgresql' if server_url.startswith('postgresql') else 'mysql'
@@ -1229,6 +1230,51 @@ def test_a_change_drops_reads_pinned_by_values_written_otherwise(
     )
     wait()
     assert found() == [2] * len(reads)
+
+
+def test_a_read_pinned_by_a_uuid_is_kept_by_another_rows_change(
+    server_url, memcached, apps
+):
+    """A read pinned by a uuid, in any form the column reads, is dropped
+    by a change of its row alone, in or outside the application. (The
+    in-process cache, which patches changes into reads with a shape,
+    cannot compare uuids written two ways, and drops more.)"""
+    # (One that begins with a digit has no tag: MySQL compares a string
+    # with a number by the number it begins with.)
+    u1, u2 = (
+        'a0eebc99-9c0b-4ef8-bb6d-6bb9bd380a11',
+        'b1ffcd88-0000-4000-8000-000000000000',
+    )
+    outside(
+        server_url,
+        'CREATE TABLE t_uuid (v uuid PRIMARY KEY, n int)',
+        f"INSERT INTO t_uuid VALUES ('{u1}', 1), ('{u2}', 1)",
+    )
+    engine = sa.create_engine(server_url, poolclass=sa.pool.NullPool)
+    triggers.install(engine, {'t_uuid': ['v']})
+    engine.dispose()
+    methods = [
+        {'name': 'get', 'cache_time': 300,
+         'sql': 'SELECT n FROM t_uuid WHERE v = :v'},
+        {'name': 'set', 'sql': 'UPDATE t_uuid SET n = :n WHERE v = :v'},
+    ]  # fmt: skip
+    settings = {**shared_settings(memcached), **LISTEN}
+    app = apps(server_url, methods, settings, tables=False)
+    assert app.app.registry.dbtune.listener.listening.wait(10)
+    read = ('get', {'v': u1.upper().replace('-', '')})
+    assert call(app, read)['results'][0]['rows'] == [[1]]
+    wait = heard(app)
+    outside(server_url, f"UPDATE t_uuid SET n = 2 WHERE v = '{u2}'")
+    wait()
+    assert call(app, read)['cache']['hit'] == 1
+    call(app, ('set', {'v': u2.replace('-', ''), 'n': 3}))
+    assert call(app, read)['cache']['hit'] == 1
+    wait = heard(app)
+    outside(server_url, f"UPDATE t_uuid SET n = 4 WHERE v = '{u1}'")
+    wait()
+    assert call(app, read)['results'][0]['rows'] == [[4]]
+    call(app, ('set', {'v': u1, 'n': 5}))
+    assert call(app, read)['results'][0]['rows'] == [[5]]
 
 
 def test_an_own_commit_not_heard_of_in_time_drops_its_rows(

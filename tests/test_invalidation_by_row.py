@@ -10,6 +10,7 @@ import datetime
 import enum
 import logging
 import threading
+import uuid
 from decimal import Decimal
 
 import pytest
@@ -1138,9 +1139,17 @@ def test_equal_values_have_one_tag_and_others_none():
         TWO = 2
 
     assert value_tag('t', 'a', Rooms.TWO) == 't.a=2'
-    # MySQL finds 5 = '5 rooms' = '5.0', and 0 = 'any word'.
+    # A uuid in each form PostgreSQL and MariaDB read: its standard one.
+    standard = 'a0eebc99-9c0b-4ef8-bb6d-6bb9bd380a11'
+    for value in (uuid.UUID(standard), standard.upper(), f'{{{standard}}}',
+                  standard.replace('-', ''), ' a0eebc99-9c0b4ef8-bb6d6bb9'
+                  '-bd380a11'):  # fmt: skip
+        assert value_tag('t', 'a', value) == f't.a={standard!r}'
+    # MySQL finds 5 = '5 rooms' = '5.0', and 0 = 'any word': a uuid that
+    # begins with a digit too.
     for value in (None, True, 1.5, b'x', [1], 'x' * 201, '5 rooms', '5.0',
-                  '.5', 0, '0', ' ', ''):  # fmt: skip
+                  '.5', 0, '0', ' ', '',
+                  '12345678-1234-5678-1234-567812345678'):  # fmt: skip
         assert value_tag('t', 'a', value) is None
 
 

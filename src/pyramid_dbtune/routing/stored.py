@@ -22,8 +22,8 @@ class Stores:
     KEY``), ``'decimal'`` (of ``scale`` places, None for any),
     ``'numeric'`` (SQLite's numeric affinity), ``'float'``, ``'single'``
     (a single-precision float), ``'text'``, ``'enum'`` (of ``members``,
-    which MySQL takes by their place too), or ``'other'``; and whether it
-    takes NULL."""
+    which MySQL takes by their place too), ``'uuid'``, or ``'other'``; and
+    whether it takes NULL."""
 
     kind: str
     scale: int | None = None
@@ -62,6 +62,8 @@ def _kind(dialect, column, sole_key):
         return 'numeric' if dialect == 'sqlite' else 'decimal'
     if isinstance(type_, sa.Enum):
         return 'enum'
+    if isinstance(type_, sa.Uuid):
+        return 'uuid'
     if isinstance(type_, sa.String):
         return 'text'
     return 'other'
@@ -118,7 +120,7 @@ def inexact(stores, columns):
 
 #: The kinds of column whose values a change tells as a read's argument
 #: equal to them is written (or as no tag: ``'05'`` and 5 are one).
-_TOLD_AS_WRITTEN = frozenset({'integer', 'assigned', 'text', 'enum'})
+_TOLD_AS_WRITTEN = frozenset({'integer', 'assigned', 'text', 'enum', 'uuid'})
 
 
 def untold_tables(connection, tables, compared, pinned):

@@ -12,6 +12,7 @@ is told, and the table is invalidated as a whole, as before.
 
 import functools
 import re
+import uuid
 from dataclasses import dataclass
 
 from .analysis import TokenReader, tokens
@@ -37,6 +38,11 @@ PRINTABLE = re.compile('[ -~]*\\Z')
 ACCENTS = re.compile(
     '[\u0300-\u036f\u1ab0-\u1aff\u1dc0-\u1dff\u20d0-\u20ff\ufe20-\ufe2f]'
 )
+#: A uuid as PostgreSQL and MariaDB read one: braces, a hyphen after any
+#: four digits, or none (ASCII alone: no other digit is a collation's).
+_UUID = re.compile(
+    r'\{?(?:[0-9a-f]{4}-?){7}[0-9a-f]{4}\}?', re.ASCII | re.IGNORECASE
+)
 #: The longest string a read is pinned by, or a write's rows told by.
 MAX_TAGGED = 200
 
@@ -58,11 +64,15 @@ def value_tag(table, column, value):
     ASCII (an accent, say) has none. As MySQL
     compares a string with a number by the number it begins with, or 0,
     neither 0 nor a string that begins like a number (``'5.0'``, ``'5
-    rooms'``) has one.
+    rooms'``) has one. A uuid, or a string a uuid column reads as one
+    (``'{A0EEBC99-...}'``, its hex without hyphens), is tagged by its
+    standard form, as the database tells a change of such a column.
     Equal values must never have two tags (a write would miss a read's
     rows); unequal ones may share one (a read is dropped that need not
     be).
     """
+    if isinstance(value, uuid.UUID):
+        value = str(value)
     if isinstance(value, bool) or not isinstance(value, int | str):
         return None
     if isinstance(value, str) and len(value) > MAX_TAGGED:
@@ -74,6 +84,8 @@ def value_tag(table, column, value):
 def _tag(table, column, value):
     if isinstance(value, str):
         text = value.strip()
+        if _UUID.fullmatch(text) and not _INTEGER.match(text):
+            text = str(uuid.UUID(text))
         if not _INTEGER.match(text):
             if not text or _NUMBER_LIKE.match(text):
                 return None  # MySQL may read it as a number, or as 0
