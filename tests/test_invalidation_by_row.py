@@ -450,6 +450,47 @@ class Rent(DeclarativeBase):
     pass
 
 
+class Token(Rent):
+    __tablename__ = 'token'
+    id: Mapped[uuid.UUID] = mapped_column(primary_key=True)
+    n: Mapped[int]
+
+
+def set_token(request):
+    """Set a token's ``n`` by the ORM, found by its uuid."""
+    params = request.json_body
+    request.dbsession.get(Token, uuid.UUID(params['id'])).n = params['n']
+    return 'ok'
+
+
+def test_an_orm_flush_by_uuid_drops_the_reads_of_its_row(
+    postgresql_url, memcached, apps
+):
+    """The rows an ORM flush touches by their uuids (``uuid.UUID``
+    objects) drop the reads pinned by them, in any form, and no other."""
+    one, other = (
+        'a0eebc99-9c0b-4ef8-bb6d-6bb9bd380a11',
+        'b1ffcd88-' + ('0000-4000-8000-000000000000'),
+    )
+    run_sql(
+        postgresql_url,
+        'CREATE TABLE token (id uuid PRIMARY KEY, n int)',
+        f"INSERT INTO token VALUES ('{one}', 1), ('{other}', 1)",
+    )
+    get = {'name': 'get', 'cache_time': 300,
+           'sql': 'SELECT n FROM token WHERE id = :id'}  # fmt: skip
+    app = apps(
+        postgresql_url, [get], shared_settings(memcached),
+        tables=False, views={'/token': set_token},
+    )  # fmt: skip
+    read = ('get', {'id': '{' + one.upper() + '}'})
+    assert call(app, read)['results'][0]['rows'] == [[1]]
+    app.post_json('/token', {'id': other, 'n': 2})
+    assert call(app, read)['cache']['hit'] == 1
+    app.post_json('/token', {'id': one, 'n': 3})
+    assert call(app, read)['results'][0]['rows'] == [[3]]
+
+
 class RentOnly(Rent):
     """The property table mapped without its area."""
 
