@@ -10,14 +10,12 @@ A connection runs one transaction at a time, so the next mark is its
 transaction's, or a later commit's, whose drop comes after the change in
 any case; a transaction's rows are read together."""
 
-import json
 import logging
-from decimal import Decimal
 
 import sqlalchemy as sa
 
 from ..sql.conditions import any_row
-from .triggers import CHANNEL, MARK, PROBE, images, tags_of
+from .triggers import CHANNEL, MARK, PROBE, images, loads, tags_of
 
 log = logging.getLogger(__name__)
 
@@ -140,7 +138,7 @@ def _parsed(table, cols):
     if cols is None:
         return None
     try:
-        changed = json.loads(cols, parse_float=Decimal)
+        changed = loads(cols)
         if table == PROBE:
             return changed  # a token, checked where it is answered
         if table != MARK:
@@ -150,8 +148,8 @@ def _parsed(table, cols):
     except (TypeError, ValueError):
         pass
     log.warning(
-        'pyramid_dbtune: a change in %s that its triggers did not write: '
-        '%.200r', CHANNEL, cols,
+        'pyramid_dbtune: a change in %s that the listener cannot read (not '
+        'written by its triggers?): %.200r', CHANNEL, cols,
     )  # fmt: skip
     return None
 

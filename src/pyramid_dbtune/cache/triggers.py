@@ -17,6 +17,7 @@ adds a row (:data:`MARK`) that names the tags it dropped.
 import hashlib
 import json
 import logging
+import re
 from decimal import Decimal
 
 from ..sql.conditions import PLAIN, any_row, value_tag
@@ -27,6 +28,10 @@ log = logging.getLogger(__name__)
 CHANNEL = 'dbtune_changes'
 #: Rows a PostgreSQL notice tells at the most (more: the whole table).
 MAX_ROWS = 100
+#: Digits a number a change tells may have, either side of its point.
+MAX_DIGITS = 1000
+#: A transaction's id, as a PostgreSQL notice tells it.
+_XID = re.compile('[0-9]{1,20}')
 #: The session variable that names where a write comes from: the app's
 #: writer connections set it, so that a listener can pass over the changes
 #: its own cache has dropped already (``@dbtune_origin`` on MySQL).
@@ -327,18 +332,26 @@ def read_notice(payload, schemas):
     making is logged, and drops at most the table it names, not the
     listener's connection (which would drop every cached result)."""
     try:
-        message = json.loads(payload, parse_float=Decimal)
-    except ValueError:
-        message = None
-    try:
-        return _read(message, schemas)
+        return _read(loads(payload), schemas)
     except (TypeError, ValueError, KeyError):
         log.warning(
-            'pyramid_dbtune: a notice on %s that its triggers did not '
-            'send: %.200r', CHANNEL, payload,
+            'pyramid_dbtune: a notice on %s that the listener cannot read '
+            '(not sent by its triggers?): %.200r', CHANNEL, payload,
         )  # fmt: skip
-        table = message.get('t') if isinstance(message, dict) else None
-        return (None, table, None, None, None) if _text(table) else None
+        table = _named(payload)
+        return (None, table, None, None, None) if table else None
+
+
+def _named(payload):
+    """The table a notice names, if it names one, whatever its numbers."""
+    try:
+        message = json.loads(
+            payload, parse_float=_none, parse_int=_none, parse_constant=_none
+        )
+    except ValueError:
+        return None
+    table = message.get('t') if isinstance(message, dict) else None
+    return table if _text(table) else None
 
 
 def _read(message, schemas):
@@ -355,7 +368,41 @@ def _read(message, schemas):
     if 'old' in message:
         told = images({'old': message['old'], 'new': message['new']})
     xid = message.get('x')
+    if xid is not None and not (type(xid) is str and _XID.fullmatch(xid)):
+        raise ValueError(xid)  # the triggers send it as text
     return None, table, told, message.get('o'), xid and int(xid)
+
+
+def loads(text):
+    """``text``, JSON as the triggers write it: numbers with a point or an
+    exponent as decimals; ValueError for a number of more than
+    :data:`MAX_DIGITS` digits, NaN or Infinity, which are not the
+    triggers' (``1e1000000`` would take every thread of the process
+    minutes to turn into a whole number)."""
+    return json.loads(
+        text, parse_float=_decimal, parse_int=_integer, parse_constant=_refuse
+    )
+
+
+def _decimal(text):
+    number = Decimal(text)
+    if not -MAX_DIGITS < number.adjusted() < MAX_DIGITS:
+        raise ValueError(text)
+    return number
+
+
+def _integer(text):
+    if len(text) > MAX_DIGITS:
+        raise ValueError(text)
+    return int(text)
+
+
+def _refuse(text):
+    raise ValueError(text)
+
+
+def _none(text):
+    return None  # a number, whatever its size: no table's name
 
 
 def images(told):
