@@ -44,10 +44,10 @@ class ChangeLog:
     to ``floor``, and those in ``seen`` above it. An id missing below one
     seen belongs to a transaction still open, or one rolled back."""
 
-    def __init__(self, floor, pinned):
+    def __init__(self, floor, listener):
         self.floor = floor
-        #: ``dbtune.pinned``: what each change drops (:func:`.tags_of`)
-        self.pinned = pinned
+        #: the :class:`~.changes.Listener` it reads for
+        self.listener = listener
         self.seen = set()
         #: ids missing: noted at the last read, or before
         self.missing = set()
@@ -95,7 +95,7 @@ class ChangeLog:
             self.floor += 1
             self.seen.discard(self.floor)
         if apply is not None:
-            for change in _told(found, self.pinned):
+            for change in _told(found, self.listener):
                 apply(*change)
 
     def _new(self, rows):
@@ -106,17 +106,18 @@ class ChangeLog:
         return new
 
 
-def _told(rows, pinned):
+def _told(rows, listener):
     """``(table, rows, origin)`` of each change of ``rows``, in order:
     ``rows`` the images, where it tells them; ``origin`` the app's where
-    its connection's next mark names every tag the change drops."""
+    its connection's next mark tells that its commit dropped what the
+    change could have changed (:func:`_dropped`)."""
     marks, told = {}, []
     for _, table, cols, origin in sorted(rows, reverse=True):
         changed = _parsed(table, cols)
         if table == MARK:
             marks[origin] = frozenset(changed or ())
         elif origin is not None and _dropped(
-            marks.get(origin, frozenset()), table, changed, pinned
+            listener, marks.get(origin, frozenset()), table, changed
         ):
             told.append((table, changed, origin.rpartition(' ')[0]))
         else:
@@ -124,11 +125,19 @@ def _told(rows, pinned):
     return reversed(told)
 
 
-def _dropped(mark, table, changed, pinned):
+def _dropped(listener, mark, table, changed):
     """Whether the commit of ``mark`` (the tags it dropped) dropped all
     that a change of ``table`` could have changed: every read of the
-    table, or the change's rows."""
-    return any_row(table) in mark or tags_of(table, changed, pinned) <= mark
+    table, or the change's rows. Never where the in-process cache matched
+    the table's reads with the rows the commit wrote, not by their tags:
+    the change may be of others (a trigger's of the user's)."""
+    dbtune = listener.dbtune
+    if table in dbtune.watched and dbtune.settings.cache_backend == 'memory':
+        return False
+    if any_row(table) in mark:
+        return True
+    rows = None if table in listener.untagged else changed
+    return tags_of(table, rows, dbtune.pinned) <= mark
 
 
 def _parsed(table, cols):

@@ -448,7 +448,7 @@ class Listener:
             f'SELECT COALESCE(MAX(id), 0) FROM {CHANNEL} WHERE at < NOW(6) '
             f'- INTERVAL {OPEN_FOR} SECOND'
         ).one()
-        changes = self.changes = ChangeLog(floor, self.dbtune.pinned)
+        changes = self.changes = ChangeLog(floor, self)
         changes.read(connection, None)
         self._connected(connection)
         told = []  # each read's changes, pinned before they are applied
