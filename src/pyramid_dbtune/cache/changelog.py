@@ -116,8 +116,12 @@ def _told(rows, listener):
         changed = _parsed(table, cols)
         if table == MARK:
             marks[origin] = frozenset(changed or ())
-        elif origin is not None and _dropped(
-            listener, marks.get(origin, frozenset()), table, changed
+        elif (
+            table != PROBE  # a question of who listens: never the app's
+            and origin is not None
+            and _dropped(
+                listener, marks.get(origin, frozenset()), table, changed
+            )
         ):
             told.append((table, changed, origin.rpartition(' ')[0]))
         else:
