@@ -35,9 +35,14 @@ def test_method_properties():
 def test_postgresql_casts_and_escaped_colons_are_not_parameters():
     method = SQLMethod('m', r"SELECT CAST(:a AS int), b::text, '10\:30'")
     assert method.params == ('a',)
-    # A parameter's cast in a string, a comment, or escaped, is no cast.
-    method = SQLMethod('m', r"SELECT ':a::int', \:b::int -- :c::int")
-    assert method.params == ()
+    # A parameter's cast in a string, a comment, or escaped, as any
+    # database reads them, is no cast; nor is an array's slice.
+    for sql in (
+        r"SELECT ':a::int', \:b::int -- :c::int",
+        'SELECT $$ :a::int $$, `x :b::c`, (ARRAY[1, 2])[:n::int] # :d::e',
+        r"SELECT 'it\'s :a::b', E'\' :c::d'",
+    ):
+        assert SQLMethod('m', sql).params == ()
 
 
 @pytest.mark.parametrize(

@@ -150,8 +150,9 @@ class SQLMethod:
                 'write one method per statement'
             )
         what = f'SQL method {name!r}:'
-        cast = _CAST.search(analysis.blank(sql))
-        if cast:
+        for cast in readings.in_code(sql, _CAST):
+            if sql[: cast.start()].rstrip().endswith('['):
+                continue  # an array's slice: [:n::int], n a column
             # SQLAlchemy reads no parameter there (2.0: :i of :id::int).
             name_, type_ = cast.group(1), cast.group(2) or '...'
             raise ValueError(

@@ -152,6 +152,23 @@ def _code(sql, reading):
     )
 
 
+def in_code(sql, pattern):
+    """The matches of ``pattern`` in ``sql`` that every reading of
+    :data:`READINGS` takes as code: none inside a string, a quoted name
+    or a comment as any database reads them."""
+    found = None
+    for reading in READINGS.values():
+        code = ''.join(
+            ' ' * len(text) if kind else text
+            for kind, text in pieces(sql, reading)
+        )
+        here = {match.start(): match for match in pattern.finditer(code)}
+        found = here if found is None else {
+            start: here[start] for start in found if start in here
+        }  # fmt: skip
+    return [found[start] for start in sorted(found)]
+
+
 def hidden_parameters(sql, names, readings=tuple(READINGS)):
     """The ``names`` that are not parameters wherever ``sql`` holds them.
 
