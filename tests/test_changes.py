@@ -21,7 +21,7 @@ import sqlalchemy as sa
 from pyramid.config import Configurator
 from pyramid.exceptions import ConfigurationError
 
-from pyramid_dbtune.cache import changes, triggers
+from pyramid_dbtune.cache import changelog, changes, triggers
 from pyramid_dbtune.cache.triggers import PROBE
 from pyramid_dbtune.deploy.cli import main
 from pyramid_dbtune.settings import parse
@@ -1195,6 +1195,31 @@ def test_a_users_trigger_heard_where_the_app_writes_its_table_too(
     assert (stock(1), stock(2)) == (96, 111)
     if kind == 'mysql' and shared:
         until(lambda: listener.own == own + 2, 10)
+
+
+def test_a_mark_names_so_many_tags_at_the_most(
+    mysql_url, memcached, apps, monkeypatch
+):
+    """A MySQL commit that writes many rows marks some of its tags: its
+    changes beyond them are applied as anyone's, and nothing is missed."""
+    monkeypatch.setattr(changelog, 'MAX_MARKED', 2)
+    settings = {**shared_settings(memcached), **LISTEN}
+    app = listening(mysql_url, apps, settings)
+    listener = app.app.registry.dbtune.listener
+    call(app, *READS)
+    writes = [('set_rent', {'id': i, 'rent': 50 + i}) for i in (1, 2, 3)]
+    wait = heard(app, 1)  # the changes its mark does not name, applied
+    call(app, *writes)
+    wait()
+    engine = sa.create_engine(mysql_url, poolclass=sa.pool.NullPool)
+    with engine.connect() as connection:
+        (marked,) = connection.execute(
+            sa.text("SELECT cols FROM dbtune_changes WHERE tbl = ''")
+        ).one()
+    engine.dispose()
+    assert len(json.loads(marked)) == 2
+    until(lambda: listener.own + listener.notices == 3, 10)
+    assert [rows_of_get(app, i)[0][2] for i in (1, 2, 3)] == [51, 52, 53]
 
 
 def test_a_users_trigger_heard_where_a_range_of_its_table_is_read(

@@ -10,17 +10,45 @@ A connection runs one transaction at a time, so the next mark is its
 transaction's, or a later commit's, whose drop comes after the change in
 any case; a transaction's rows are read together."""
 
+import json
 import logging
 
 import sqlalchemy as sa
 
 from ..sql.conditions import any_row
-from .triggers import CHANNEL, MARK, PROBE, images, loads, tags_of
+from .triggers import (
+    CHANNEL,
+    MARK,
+    MY_ORIGIN,
+    PROBE,
+    images,
+    loads,
+    tags_of,
+)
 
 log = logging.getLogger(__name__)
 
 #: Seconds that MySQL's ``dbtune_changes`` keeps a change.
 KEEP_CHANGES = 3600
+#: Tags a mark names at the most: one that names some of its commit's
+#: tags passes over fewer of the commit's changes, and none it did not
+#: drop (a transaction of a million rows' writes would make a mark of
+#: more bytes than the server takes in a statement).
+MAX_MARKED = 1000
+
+
+def mark(session, tags):
+    """In the app's ``session``, before it commits: add the row
+    (:data:`~.triggers.MARK`) that names ``tags``, what the commit drops
+    itself; :data:`MAX_MARKED` of them at the most."""
+    session.execute(
+        sa.text(
+            f'INSERT INTO {CHANNEL} (tbl, cols, origin) '
+            f'VALUES (:mark, :tags, @{MY_ORIGIN})'
+        ),
+        {'mark': MARK, 'tags': json.dumps(sorted(tags)[:MAX_MARKED])},
+        execution_options={'dbtune_routed': True},
+    )
 
 
 def forget_old(connection, floor):

@@ -49,10 +49,9 @@ from ..routing.lag import position_of
 from ..routing.stored import untold_tables
 from ..sql.shapes import Change
 from . import shared
-from .changelog import ChangeLog, forget_old
+from .changelog import ChangeLog, forget_old, mark
 from .triggers import (
     CHANNEL,
-    MARK,
     MY_ORIGIN,
     ORIGIN,
     PROBE,
@@ -309,16 +308,8 @@ class Listener:
                 execution_options=routed,
             )
             return later, token
-        dropped = self.triggered.intersection(tables)
-        if dropped and self.dialect != 'postgresql':
-            session.execute(
-                sa.text(
-                    f'INSERT INTO {CHANNEL} (tbl, cols, origin) '
-                    f'VALUES (:mark, :tables, @{MY_ORIGIN})'
-                ),
-                {'mark': MARK, 'tables': json.dumps(sorted(tags))},
-                execution_options=routed,
-            )
+        if self.dialect != 'postgresql' and self.triggered & set(tables):
+            mark(session, tags)
         return later, None
 
     def expect(self):
