@@ -1261,14 +1261,16 @@ def test_a_users_trigger_heard_where_a_range_of_its_table_is_read(
 #: argument equal to them may be written: (type, value, argument), each.
 WRITTEN_OTHERWISE = {
     'postgresql': [
-        ('bytea', "'abc'", 'abc'),  # told as \\x616263
-        ('macaddr', "'aa:bb:cc:dd:ee:ff'", 'AA-BB-CC-DD-EE-FF'),
-        ('uuid', "'a0eebc99-9c0b-4ef8-bb6d-6bb9bd380a11'",
+        ('bytea', 'bytea', "'abc'", 'abc'),  # told as \\x616263
+        ('mac', 'macaddr', "'aa:bb:cc:dd:ee:ff'", 'AA-BB-CC-DD-EE-FF'),
+        ('uuid', 'uuid', "'a0eebc99-9c0b-4ef8-bb6d-6bb9bd380a11'",
          '{A0EEBC99-9C0B-4EF8-BB6D-6BB9BD380A11}'),
     ],
     'mysql': [
-        ('uuid', "'a0eebc99-9c0b-4ef8-bb6d-6bb9bd380a11'",
-         'A0EEBC999C0B4EF8BB6D6BB9BD380A11'),  # MariaDB's own type
+        ('uuid', 'uuid', "'a0eebc99-9c0b-4ef8-bb6d-6bb9bd380a11'",
+         'A0E-EBC999C0B4EF8BB6D6BB9BD380A11'),  # MariaDB's own type
+        ('enum', "enum('a', 'b', 'c')", "'b'", 2),  # told as 'b'
+        ('sets', "set('a', 'b', 'c')", "'a,b'", 3),  # told as 'a,b'
     ],
 }  # fmt: skip
 
@@ -1277,34 +1279,34 @@ WRITTEN_OTHERWISE = {
 def test_a_change_drops_reads_pinned_by_values_written_otherwise(
     server_url, shared, apps, request
 ):
-    """A change made outside drops the reads pinned by bytes, an address
-    or a uuid, whatever form their arguments take: a uuid is tagged by
-    its standard form, as the trigger tells it; the others cannot be
-    matched with the values the trigger tells, so every read of the
-    table goes."""
+    """A change made outside drops the reads pinned by bytes, an address,
+    a uuid or MySQL's ENUM and SET, whatever form their arguments take: a
+    uuid is tagged by its standard form, as the trigger tells it; the
+    others cannot be matched with the values the trigger tells, so every
+    read of the table goes."""
     kind = 'postgresql' if server_url.startswith('postgresql') else 'mysql'
     cases = WRITTEN_OTHERWISE[kind]
     statements = []
-    for type_, value, _ in cases:
+    for name, type_, value, _ in cases:
         statements += [
-            f'CREATE TABLE t_{type_} (v {type_} PRIMARY KEY, n int)',
-            f'INSERT INTO t_{type_} VALUES ({value}, 1)',
+            f'CREATE TABLE t_{name} (v {type_} PRIMARY KEY, n int)',
+            f'INSERT INTO t_{name} VALUES ({value}, 1)',
         ]
     outside(server_url, *statements)
     engine = sa.create_engine(server_url, poolclass=sa.pool.NullPool)
-    triggers.install(engine, {f't_{t}': ['v'] for t, _, _ in cases})
+    triggers.install(engine, {f't_{name}': ['v'] for name, *_ in cases})
     engine.dispose()
     settings = (
         shared_settings(request.getfixturevalue('memcached')) if shared else {}
     )
     methods = [
-        {'name': type_, 'cache_time': 300,
-         'sql': f'SELECT n FROM t_{type_} WHERE v = :value'}
-        for type_, _, _ in cases
+        {'name': name, 'cache_time': 300,
+         'sql': f'SELECT n FROM t_{name} WHERE v = :value'}
+        for name, *_ in cases
     ]  # fmt: skip
     app = apps(server_url, methods, {**settings, **LISTEN}, tables=False)
     assert app.app.registry.dbtune.listener.listening.wait(10)
-    reads = [(type_, {'value': arg}) for type_, _, arg in cases]
+    reads = [(name, {'value': arg}) for name, *_, arg in cases]
 
     def found():
         return [call(app, read)['results'][0]['rows'][0][0] for read in reads]
@@ -1313,7 +1315,7 @@ def test_a_change_drops_reads_pinned_by_values_written_otherwise(
     wait = heard(app, len(reads))
     outside(
         server_url,
-        *[f'UPDATE t_{type_} SET n = 2' for type_, _, _ in cases],
+        *[f'UPDATE t_{name} SET n = 2' for name, *_ in cases],
     )
     wait()
     assert found() == [2] * len(reads)

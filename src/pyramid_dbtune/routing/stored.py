@@ -7,6 +7,7 @@ import decimal
 from dataclasses import dataclass
 
 import sqlalchemy as sa
+from sqlalchemy.dialects import mysql
 
 from ..sql.shapes import parsed_otherwise
 
@@ -62,6 +63,8 @@ def _kind(dialect, column, sole_key):
         return 'numeric' if dialect == 'sqlite' else 'decimal'
     if isinstance(type_, sa.Enum):
         return 'enum'
+    if isinstance(type_, mysql.SET):
+        return 'other'  # '3' is 'a,b', and 'b,a' too
     if isinstance(type_, sa.Uuid):
         return 'uuid'
     if isinstance(type_, sa.String):
@@ -119,23 +122,27 @@ def inexact(stores, columns):
 
 
 #: The kinds of column whose values a change tells as a read's argument
-#: equal to them is written (or as no tag: ``'05'`` and 5 are one).
+#: equal to them is written (or as no tag: ``'05'`` and 5 are one), by
+#: dialect: MySQL's ``ENUM`` is read by a member's place too (2 for
+#: ``'b'``), which a change does not tell.
 _TOLD_AS_WRITTEN = frozenset({'integer', 'assigned', 'text', 'enum', 'uuid'})
+_MY_TOLD_AS_WRITTEN = _TOLD_AS_WRITTEN - {'enum'}
 
 
 def untold_tables(connection, tables, compared, pinned):
     """Of ``tables``, as ``connection`` finds them: ``(inexact,
     untagged)``. ``untagged``, those that a read is pinned (``pinned``,
     ``{table: columns}``) by a column whose values a trigger tells
-    otherwise than an argument equal to them may be written: a uuid
-    (``'{A0EE...}'``, told ``'a0ee...'``), bytes (``'abc'``, told
-    ``'\\x616263'``), a MAC address: a change of theirs drops every read
-    of the table. ``inexact``, those too, and those where a column that
+    otherwise than an argument equal to them may be written: bytes
+    (``'abc'``, told ``'\\x616263'``), a MAC address, MySQL's ``ENUM``
+    (read by 2, told ``'b'``) and ``SET``: a change of theirs drops every
+    read of the table. ``inexact``, those too, and those where a column that
     reads compare (``compared``) is :func:`inexact`: a change's images do
     not tell how it compares."""
     inspector = sa.inspect(connection)
     dialect = connection.dialect.name
     inexact_, untagged = set(), set()
+    told = _TOLD_AS_WRITTEN if dialect == 'postgresql' else _MY_TOLD_AS_WRITTEN
     for table in tables:
         if table not in compared and table not in pinned:
             continue
@@ -143,8 +150,6 @@ def untold_tables(connection, tables, compared, pinned):
         if inexact(found, compared.get(table, ())):
             inexact_.add(table)
         for column in pinned.get(table, ()):
-            if column not in found or (
-                found[column].kind not in _TOLD_AS_WRITTEN
-            ):
+            if column not in found or found[column].kind not in told:
                 untagged.add(table)
     return frozenset(inexact_ | untagged), frozenset(untagged)

@@ -38,10 +38,10 @@ PRINTABLE = re.compile('[ -~]*\\Z')
 ACCENTS = re.compile(
     '[\u0300-\u036f\u1ab0-\u1aff\u1dc0-\u1dff\u20d0-\u20ff\ufe20-\ufe2f]'
 )
-#: A uuid as PostgreSQL and MariaDB read one: braces, a hyphen after any
-#: four digits, or none (ASCII alone: no other digit is a collation's).
+#: A uuid as PostgreSQL and MariaDB read one: braces, hyphens after any
+#: digits, or none (ASCII alone: no other digit is a collation's).
 _UUID = re.compile(
-    r'\{?(?:[0-9a-f]{4}-?){7}[0-9a-f]{4}\}?', re.ASCII | re.IGNORECASE
+    r'\{?(?:[0-9a-f]-*){31}[0-9a-f]\}?', re.ASCII | re.IGNORECASE
 )
 #: The longest string a read is pinned by, or a write's rows told by.
 MAX_TAGGED = 200
