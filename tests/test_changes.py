@@ -1104,6 +1104,24 @@ ORDERS = [
 ]  # fmt: skip
 
 
+def stock_and_orders(url, stock, watch_stock=('item',)):
+    """The tables of the stock (rows ``stock``) and of its orders, the
+    trigger of the user's that takes an order from the stock (TAKE), and
+    the package's triggers on both."""
+    kind = 'postgresql' if url.startswith('postgresql') else 'mysql'
+    outside(
+        url,
+        'CREATE TABLE stock (item INTEGER PRIMARY KEY, n INTEGER)',
+        'CREATE TABLE orders (item INTEGER, qty INTEGER)',
+        f'INSERT INTO stock VALUES {stock}',
+        *TAKE[kind],
+    )
+    engine = sa.create_engine(url, poolclass=sa.pool.NullPool)
+    triggers.install(engine, {'orders': ['item'], 'stock': list(watch_stock)})
+    engine.dispose()
+    return kind
+
+
 @pytest.mark.parametrize('shared', [False, True])
 def test_a_users_trigger_that_changes_another_table_is_heard(
     server_url, shared, apps, request
@@ -1113,17 +1131,7 @@ def test_a_users_trigger_that_changes_another_table_is_heard(
     reads of the table it wrote; the other's change, though made on the
     app's connection, is applied as anyone's: its cached reads are fresh
     at once, not when their cache_time runs out."""
-    kind = 'postgresql' if server_url.startswith('postgresql') else 'mysql'
-    outside(
-        server_url,
-        'CREATE TABLE stock (item INTEGER PRIMARY KEY, n INTEGER)',
-        'CREATE TABLE orders (item INTEGER, qty INTEGER)',
-        'INSERT INTO stock VALUES (1, 100)',
-        *TAKE[kind],
-    )
-    engine = sa.create_engine(server_url, poolclass=sa.pool.NullPool)
-    triggers.install(engine, {'orders': ['item'], 'stock': ['item']})
-    engine.dispose()
+    kind = stock_and_orders(server_url, '(1, 100)')
     settings = (
         shared_settings(request.getfixturevalue('memcached')) if shared else {}
     )
@@ -1155,17 +1163,7 @@ def test_a_users_trigger_heard_where_the_app_writes_its_table_too(
     row it wrote; the trigger's change is applied as anyone's all the
     same (MySQL's mark tells the rows the commit dropped, not the whole
     tables)."""
-    kind = 'postgresql' if server_url.startswith('postgresql') else 'mysql'
-    outside(
-        server_url,
-        'CREATE TABLE stock (item INTEGER PRIMARY KEY, n INTEGER)',
-        'CREATE TABLE orders (item INTEGER, qty INTEGER)',
-        'INSERT INTO stock VALUES (1, 100), (2, 100)',
-        *TAKE[kind],
-    )
-    engine = sa.create_engine(server_url, poolclass=sa.pool.NullPool)
-    triggers.install(engine, {'orders': ['item'], 'stock': ['item']})
-    engine.dispose()
+    kind = stock_and_orders(server_url, '(1, 100), (2, 100)')
     settings = (
         shared_settings(request.getfixturevalue('memcached')) if shared else {}
     )
@@ -1228,16 +1226,7 @@ def test_a_users_trigger_heard_where_a_range_of_its_table_is_read(
     """As above, where the table's reads are of a range, which the
     in-process cache matches with the rows a commit wrote, not by tags:
     the change a trigger of the user's made to other rows is applied."""
-    outside(
-        mysql_url,
-        'CREATE TABLE stock (item INTEGER PRIMARY KEY, n INTEGER)',
-        'CREATE TABLE orders (item INTEGER, qty INTEGER)',
-        'INSERT INTO stock VALUES (1, 100), (2, 100)',
-        *TAKE['mysql'],
-    )
-    engine = sa.create_engine(mysql_url, poolclass=sa.pool.NullPool)
-    triggers.install(engine, {'orders': ['item'], 'stock': ['n']})
-    engine.dispose()
+    stock_and_orders(mysql_url, '(1, 100), (2, 100)', watch_stock=['n'])
     methods = [
         {'name': 'low', 'cache_time': 300,
          'sql': 'SELECT item, n FROM stock WHERE n < :n ORDER BY item'},
