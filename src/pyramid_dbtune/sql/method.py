@@ -366,9 +366,9 @@ _HEADER_KEYS = {
     'writes': (as_bool, 'true or false'),
     'invalidate': (as_bool, 'true or false'),
 }
-# A key may be written with spaces or hyphens: "cache-time", "Cache time".
 #: A parameter followed by PostgreSQL's cast, ``::``.
 _CAST = re.compile(r'(?<![:\w\\]):(\w+)::(\w*)')
+# A key may be written with spaces or hyphens: "cache-time", "Cache time".
 _HEADER = re.compile(r'^--\s*([A-Za-z_][\w -]*?)\s*:\s*(.*?)\s*$')
 
 
