@@ -41,6 +41,7 @@ def test_postgresql_casts_and_escaped_colons_are_not_parameters():
         r"SELECT ':a::int', \:b::int -- :c::int",
         'SELECT $$ :a::int $$, `x :b::c`, (ARRAY[1, 2])[:n::int] # :d::e',
         r"SELECT 'it\'s :a::b', E'\' :c::d'",
+        'SELECT a[(lo):hi::int], a[lo :hi::int], a[/* x */:hi::int]',
     ):
         assert SQLMethod('m', sql).params == ()
 

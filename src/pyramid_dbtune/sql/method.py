@@ -151,8 +151,9 @@ class SQLMethod:
             )
         what = f'SQL method {name!r}:'
         for cast in readings.in_code(sql, _CAST):
-            if sql[: cast.start()].rstrip().endswith('['):
-                continue  # an array's slice: [:n::int], n a column
+            before = cast.string[: cast.start()]  # as code
+            if before.count('[') > before.count(']'):
+                continue  # in an array's slice: [lo:n::int], n a column
             # SQLAlchemy reads no parameter there (2.0: :i of :id::int).
             name_, type_ = cast.group(1), cast.group(2) or '...'
             raise ValueError(
