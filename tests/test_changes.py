@@ -513,6 +513,7 @@ NOT_THE_TRIGGERS = {
             'nothing',
             '{"t": "nothing", "old": [{"id": 1%s}], "new": []}' % ('0' * 1000),
         ),
+        (None, '[' * 5000),  # nested past Python's recursion limit
     ],
     'mysql': [
         ('nothing', 'not json'),
@@ -522,6 +523,7 @@ NOT_THE_TRIGGERS = {
         ('', '[1]'),
         ('nothing', '{"old": [{"id": 1e1000000}]}'),
         ('nothing', '{"old": [{"id": NaN}]}'),
+        ('nothing', '[' * 5000),
     ],
 }
 

@@ -186,7 +186,7 @@ def _parsed(table, cols):
             return images(changed)
         if type(changed) is list and all(type(t) is str for t in changed):
             return changed
-    except (TypeError, ValueError):
+    except (TypeError, ValueError, RecursionError):
         pass
     log.warning(
         'pyramid_dbtune: a change in %s that the listener cannot read (not '

@@ -333,7 +333,7 @@ def read_notice(payload, schemas):
     listener's connection (which would drop every cached result)."""
     try:
         return _read(loads(payload), schemas)
-    except (TypeError, ValueError, KeyError):
+    except (TypeError, ValueError, KeyError, RecursionError):
         log.warning(
             'pyramid_dbtune: a notice on %s that the listener cannot read '
             '(not sent by its triggers?): %.200r', CHANNEL, payload,
@@ -348,7 +348,7 @@ def _named(payload):
         message = json.loads(
             payload, parse_float=_none, parse_int=_none, parse_constant=_none
         )
-    except ValueError:
+    except (ValueError, RecursionError):  # [[[[... nested past Python's
         return None
     table = message.get('t') if isinstance(message, dict) else None
     return table if _text(table) else None
