@@ -1357,6 +1357,39 @@ def test_a_read_pinned_by_a_uuid_is_kept_by_another_rows_change(
     assert call(app, read)['results'][0]['rows'] == [[5]]
 
 
+def test_a_uuid_of_letters_alone_is_compared_as_a_uuid(server_url, apps):
+    """The in-process cache, which matches changes with its reads, does
+    not take a uuid written two ways for two values, though neither has
+    a digit (the Max UUID): a change of its row, made in or outside the
+    application, drops the read."""
+    top = 'ffffffff-ffff-ffff-ffff-ffffffffffff'
+    outside(
+        server_url,
+        'CREATE TABLE t_uuid (v uuid PRIMARY KEY, n int)',
+        f"INSERT INTO t_uuid VALUES ('{top}', 1)",
+    )
+    engine = sa.create_engine(server_url, poolclass=sa.pool.NullPool)
+    triggers.install(engine, {'t_uuid': ['v']})
+    engine.dispose()
+    methods = [
+        {'name': 'get', 'cache_time': 300,
+         'sql': 'SELECT n FROM t_uuid WHERE v = :v'},
+        {'name': 'set', 'sql': 'UPDATE t_uuid SET n = :n WHERE v = :v'},
+    ]  # fmt: skip
+    app = apps(server_url, methods, LISTEN, tables=False)
+    assert app.app.registry.dbtune.listener.listening.wait(10)
+    read = ('get', {'v': top.replace('-', '')})
+
+    def found():
+        return call(app, read)['results'][0]['rows']
+
+    assert found() == [[1]]
+    outside(server_url, f"UPDATE t_uuid SET n = 2 WHERE v = '{top}'")
+    until(lambda: found() == [[2]], 10)
+    call(app, ('set', {'v': top, 'n': 3}))
+    until(lambda: found() == [[3]], 10)
+
+
 def test_an_own_commit_not_heard_of_in_time_drops_its_rows(
     postgresql_url, apps, monkeypatch
 ):

@@ -40,7 +40,7 @@ ACCENTS = re.compile(
 )
 #: A uuid as PostgreSQL and MariaDB read one: braces, hyphens after any
 #: digits, or none (ASCII alone: no other digit is a collation's).
-_UUID = re.compile(
+UUID_TEXT = re.compile(
     r'\{?(?:[0-9a-f]-*){31}[0-9a-f]\}?', re.ASCII | re.IGNORECASE
 )
 #: The longest string a read is pinned by, or a write's rows told by.
@@ -84,7 +84,7 @@ def value_tag(table, column, value):
 def _tag(table, column, value):
     if isinstance(value, str):
         text = value.strip()
-        if _UUID.fullmatch(text) and not _INTEGER.match(text):
+        if UUID_TEXT.fullmatch(text) and not _INTEGER.match(text):
             text = str(uuid.UUID(text))
         if not _INTEGER.match(text):
             if not text or _NUMBER_LIKE.match(text):

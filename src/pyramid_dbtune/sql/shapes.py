@@ -35,6 +35,7 @@ from .analysis import TokenReader
 from .conditions import (
     ACCENTS,
     PRINTABLE,
+    UUID_TEXT,
     split_runs,
     standard_words,
     where_span,
@@ -282,10 +283,12 @@ def _compare(a, b):
         or _DIGIT.search(b)
         or _folded(a) == _folded(b)
         or not (PRINTABLE.match(a) and PRINTABLE.match(b))
+        or UUID_TEXT.fullmatch(a.strip())
+        or UUID_TEXT.fullmatch(b.strip())
     ):
         # Equal where a collation ignores case, accents or spaces (or
-        # takes 'ß' for 's', 'Æ' for 'AE'), or where they are a date or
-        # a time written two ways.
+        # takes 'ß' for 's', 'Æ' for 'AE'), where they are a date or a
+        # time written two ways, or a uuid ('{ffff...}', 'ffff-...').
         return None
     return UNEQUAL
 
