@@ -1312,6 +1312,28 @@ def test_a_change_drops_reads_pinned_by_values_written_otherwise(
     assert found() == [2] * len(reads)
 
 
+#: A read of t_uuid by its uuid, and a write.
+UUID_METHODS = [
+    {'name': 'get', 'cache_time': 300,
+     'sql': 'SELECT n FROM t_uuid WHERE v = :v'},
+    {'name': 'set', 'sql': 'UPDATE t_uuid SET n = :n WHERE v = :v'},
+]  # fmt: skip
+
+
+def uuid_table(url, *uuids):
+    """The table t_uuid, a row of n = 1 for each of ``uuids``, and the
+    package's triggers on it."""
+    rows = ', '.join(f"('{u}', 1)" for u in uuids)
+    outside(
+        url,
+        'CREATE TABLE t_uuid (v uuid PRIMARY KEY, n int)',
+        f'INSERT INTO t_uuid VALUES {rows}',
+    )
+    engine = sa.create_engine(url, poolclass=sa.pool.NullPool)
+    triggers.install(engine, {'t_uuid': ['v']})
+    engine.dispose()
+
+
 def test_a_read_pinned_by_a_uuid_is_kept_by_another_rows_change(
     server_url, memcached, apps
 ):
@@ -1325,21 +1347,9 @@ def test_a_read_pinned_by_a_uuid_is_kept_by_another_rows_change(
         'a0eebc99-9c0b-4ef8-bb6d-6bb9bd380a11',
         'b1ffcd88-0000-4000-8000-000000000000',
     )
-    outside(
-        server_url,
-        'CREATE TABLE t_uuid (v uuid PRIMARY KEY, n int)',
-        f"INSERT INTO t_uuid VALUES ('{u1}', 1), ('{u2}', 1)",
-    )
-    engine = sa.create_engine(server_url, poolclass=sa.pool.NullPool)
-    triggers.install(engine, {'t_uuid': ['v']})
-    engine.dispose()
-    methods = [
-        {'name': 'get', 'cache_time': 300,
-         'sql': 'SELECT n FROM t_uuid WHERE v = :v'},
-        {'name': 'set', 'sql': 'UPDATE t_uuid SET n = :n WHERE v = :v'},
-    ]  # fmt: skip
+    uuid_table(server_url, u1, u2)
     settings = {**shared_settings(memcached), **LISTEN}
-    app = apps(server_url, methods, settings, tables=False)
+    app = apps(server_url, UUID_METHODS, settings, tables=False)
     assert app.app.registry.dbtune.listener.listening.wait(10)
     read = ('get', {'v': u1.upper().replace('-', '')})
     assert call(app, read)['results'][0]['rows'] == [[1]]
@@ -1363,20 +1373,8 @@ def test_a_uuid_of_letters_alone_is_compared_as_a_uuid(server_url, apps):
     a digit (the Max UUID): a change of its row, made in or outside the
     application, drops the read."""
     top = 'ffffffff-ffff-ffff-ffff-ffffffffffff'
-    outside(
-        server_url,
-        'CREATE TABLE t_uuid (v uuid PRIMARY KEY, n int)',
-        f"INSERT INTO t_uuid VALUES ('{top}', 1)",
-    )
-    engine = sa.create_engine(server_url, poolclass=sa.pool.NullPool)
-    triggers.install(engine, {'t_uuid': ['v']})
-    engine.dispose()
-    methods = [
-        {'name': 'get', 'cache_time': 300,
-         'sql': 'SELECT n FROM t_uuid WHERE v = :v'},
-        {'name': 'set', 'sql': 'UPDATE t_uuid SET n = :n WHERE v = :v'},
-    ]  # fmt: skip
-    app = apps(server_url, methods, LISTEN, tables=False)
+    uuid_table(server_url, top)
+    app = apps(server_url, UUID_METHODS, LISTEN, tables=False)
     assert app.app.registry.dbtune.listener.listening.wait(10)
     read = ('get', {'v': top.replace('-', '')})
 
