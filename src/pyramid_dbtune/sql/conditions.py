@@ -84,9 +84,9 @@ def value_tag(table, column, value):
 def _tag(table, column, value):
     if isinstance(value, str):
         text = value.strip()
-        if UUID_TEXT.fullmatch(text) and not _INTEGER.match(text):
-            text = str(uuid.UUID(text))
         if not _INTEGER.match(text):
+            if UUID_TEXT.fullmatch(text):
+                text = str(uuid.UUID(text))  # as a uuid column tells it
             if not text or _NUMBER_LIKE.match(text):
                 return None  # MySQL may read it as a number, or as 0
             if not PRINTABLE.match(text):
